@@ -1,0 +1,99 @@
+"""durable: journaled workflows for operations that cannot be undone.
+
+A workflow is an ``async def`` of journaled activities. A worker claims runs with a
+compare-and-set, holds them under a lease renewed by heartbeats, and carries a fencing token
+into every journal write, state change and HTTP request, so an attempt that lost its lease
+can do nothing more. See README.md for the guarantees and their limits.
+"""
+
+from ._attempt import Attempt as Attempt
+from ._client import Client as Client
+from ._clock import Clock as Clock
+from ._clock import FakeClock as FakeClock
+from ._clock import WallClock as WallClock
+from ._context import FENCING_HEADER as FENCING_HEADER
+from ._context import IDEMPOTENCY_HEADER as IDEMPOTENCY_HEADER
+from ._context import ActivityContext as ActivityContext
+from ._context import WorkflowContext as WorkflowContext
+from ._errors import ActivityError as ActivityError
+from ._errors import AttemptCancelled as AttemptCancelled
+from ._errors import ConfigError as ConfigError
+from ._errors import DurableError as DurableError
+from ._errors import InvalidStateError as InvalidStateError
+from ._errors import LeaseLostError as LeaseLostError
+from ._errors import NonDeterminismError as NonDeterminismError
+from ._errors import NonRetryableError as NonRetryableError
+from ._errors import NotJsonError as NotJsonError
+from ._errors import RunConflictError as RunConflictError
+from ._errors import RunNotFoundError as RunNotFoundError
+from ._errors import SchemaVersionError as SchemaVersionError
+from ._errors import StepInDoubtError as StepInDoubtError
+from ._errors import StoreError as StoreError
+from ._errors import StoreUnavailableError as StoreUnavailableError
+from ._errors import UnknownWorkflowError as UnknownWorkflowError
+from ._history import StepView as StepView
+from ._logging import configure_logging as configure_logging
+from ._registry import Activity as Activity
+from ._registry import Registry as Registry
+from ._registry import RetryPolicy as RetryPolicy
+from ._registry import Workflow as Workflow
+from ._registry import activity as activity
+from ._registry import default_registry as default_registry
+from ._registry import workflow as workflow
+from ._report import RecoveryReport as RecoveryReport
+from ._report import render_timeline as render_timeline
+from ._types import EntryKind as EntryKind
+from ._types import JournalEntry as JournalEntry
+from ._types import Run as Run
+from ._types import RunState as RunState
+from ._types import StepState as StepState
+from ._worker import Worker as Worker
+from .store import Store as Store
+from .store import store_from_url as store_from_url
+
+__all__ = [
+    "FENCING_HEADER",
+    "IDEMPOTENCY_HEADER",
+    "Activity",
+    "ActivityContext",
+    "ActivityError",
+    "Attempt",
+    "AttemptCancelled",
+    "Client",
+    "Clock",
+    "ConfigError",
+    "DurableError",
+    "EntryKind",
+    "FakeClock",
+    "InvalidStateError",
+    "JournalEntry",
+    "LeaseLostError",
+    "NonDeterminismError",
+    "NonRetryableError",
+    "NotJsonError",
+    "RecoveryReport",
+    "Registry",
+    "RetryPolicy",
+    "Run",
+    "RunConflictError",
+    "RunNotFoundError",
+    "RunState",
+    "SchemaVersionError",
+    "StepInDoubtError",
+    "StepState",
+    "StepView",
+    "Store",
+    "StoreError",
+    "StoreUnavailableError",
+    "UnknownWorkflowError",
+    "WallClock",
+    "Workflow",
+    "WorkflowContext",
+    "Worker",
+    "activity",
+    "configure_logging",
+    "default_registry",
+    "render_timeline",
+    "store_from_url",
+    "workflow",
+]

@@ -1,0 +1,206 @@
+"""The client: start runs, look them up, cancel and replay them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import anyio
+
+from ._clock import Clock
+from ._errors import (
+    ConfigError,
+    InvalidStateError,
+    RunConflictError,
+    RunNotFoundError,
+)
+from ._logging import get_logger
+from ._registry import Registry, Workflow, default_registry
+from ._report import RecoveryReport
+from ._types import JournalEntry, NewRun, Run, RunState, dumps
+from .store import Store, store_from_url
+
+InDoubt = Literal["rerun", "accept"]
+
+
+class Client:
+    """Starts and inspects runs. Every read recovers runs whose lease expired (read path)."""
+
+    def __init__(self, store: Store, *, registry: Registry | None = None,
+                 console_url: str | None = None) -> None:
+        self.store = store
+        self.registry = registry or default_registry
+        self.console_url = console_url
+        self.log = get_logger()
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, url: str, *, clock: Clock | None = None,
+                      registry: Registry | None = None, console_url: str | None = None,
+                      create: bool = True) -> AsyncIterator[Client]:
+        """Open the store at ``url`` for the duration of the block."""
+        store = store_from_url(url, clock=clock, create=create)
+        await store.open()
+        try:
+            yield cls(store, registry=registry, console_url=console_url)
+        finally:
+            await store.aclose()
+
+    # -- starting ----------------------------------------------------------------------------
+    async def start(
+        self,
+        workflow: Workflow | str,
+        *args: Any,
+        id: str | None = None,
+        key: str | None = None,
+        run_at: dt.datetime | float | None = None,
+        delay: float | None = None,
+        timeout: float | None = None,
+    ) -> Run:
+        """Queue a run. Idempotent by ``id``: an existing run with that id is returned.
+
+        ``key`` is the concurrency key: at most one run per key runs at a time. ``run_at`` (a
+        datetime or epoch seconds) or ``delay`` (seconds) delays the start; a delayed run can
+        be cancelled until it starts. Reusing an id for another workflow, other arguments or
+        another key raises :class:`RunConflictError` and writes nothing.
+        """
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        if not isinstance(workflow, Workflow):
+            self.registry.workflow(name)  # unknown names fail here, before anything is written
+        arg_list = list(args)
+        dumps(arg_list, "workflow arguments")
+        if id is not None and (not isinstance(id, str) or not id.strip()):
+            raise ConfigError("a run id must be a non-empty string")
+        if run_at is not None and delay is not None:
+            raise ConfigError("give run_at or delay, not both")
+        now = self.store.clock.now()
+        when = now
+        if isinstance(run_at, dt.datetime):
+            if run_at.tzinfo is None:
+                raise ConfigError("run_at must be timezone-aware")
+            when = run_at.timestamp()
+        elif run_at is not None:
+            when = float(run_at)
+        elif delay is not None:
+            if delay < 0:
+                raise ConfigError("delay must not be negative")
+            when = now + delay
+        run_id = id or f"{name}-{uuid.uuid4().hex[:12]}"
+        run, created = await self.store.create_run(
+            NewRun(run_id, name, arg_list, key, when, timeout))
+        if not created and (run.workflow != name or run.args != arg_list or run.key != key):
+            raise RunConflictError(
+                f"run id {run_id!r} already belongs to a {run.workflow} run with arguments "
+                f"{dumps(run.args)} and key {run.key!r}; choose another id"
+            )
+        if created:
+            self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
+        return run
+
+    # -- reading (with stale recovery on the read path) ----------------------------------------
+    async def _recover(self, run: Run) -> Run:
+        if (
+            run.state is RunState.RUNNING
+            and run.lease_expires_at is not None
+            and run.lease_expires_at <= self.store.clock.now()
+        ):
+            recovered = await self.store.recover_stale(run.id, run.epoch)
+            if recovered:
+                self.log.warning("run_recovered", workflow_id=run.id, epoch=run.epoch,
+                                 by="read")
+            fresh = await self.store.get_run(run.id)
+            return fresh or run
+        return run
+
+    async def get(self, run_id: str) -> Run:
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFoundError(f"no run with id {run_id!r}")
+        return await self._recover(run)
+
+    async def find(self, run_id: str) -> Run | None:
+        """Like :meth:`get`, but None when there is no such run."""
+        try:
+            return await self.get(run_id)
+        except RunNotFoundError:
+            return None
+
+    async def latest(self, workflow: Workflow | str, key: str) -> Run | None:
+        """The newest run of ``workflow`` for ``key``, by a direct query (no scan)."""
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        run = await self.store.latest_run(name, key)
+        return None if run is None else await self._recover(run)
+
+    async def list(self, *, state: RunState | str | None = None,
+                   workflow: Workflow | str | None = None, key: str | None = None,
+                   limit: int = 100) -> list[Run]:
+        if isinstance(state, str):
+            try:
+                state = RunState(state)
+            except ValueError:
+                raise ConfigError(
+                    f"unknown state {state!r}; one of: "
+                    + ", ".join(s.value for s in RunState)) from None
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        runs = await self.store.list_runs(state=state, workflow=name, key=key, limit=limit)
+        return [await self._recover(r) for r in runs]
+
+    async def journal(self, run_id: str) -> list[JournalEntry]:
+        await self.get(run_id)
+        return await self.store.journal(run_id)
+
+    async def report(self, run_id: str) -> RecoveryReport:
+        run = await self.get(run_id)
+        return RecoveryReport.build(run, await self.store.journal(run_id), self.console_url)
+
+    async def wait(self, run_id: str, *, timeout: float = 60.0,
+                   poll: float = 0.05) -> Run:
+        """Poll until the run is finished; TimeoutError after ``timeout`` seconds."""
+        with anyio.fail_after(timeout):
+            while True:
+                run = await self.get(run_id)
+                if run.state.finished:
+                    return run
+                await anyio.sleep(poll)
+
+    # -- operator actions ----------------------------------------------------------------------
+    async def cancel(self, run_id: str) -> Run:
+        """Cancel a queued (or delayed) run at once; ask the worker holding a running one."""
+        run = await self.get(run_id)
+        if run.state.finished:
+            raise InvalidStateError(f"run {run_id} is already {run.state.value}")
+        cancelled = await self.store.request_cancel(run_id)
+        if cancelled is None:
+            run = await self.get(run_id)
+            raise InvalidStateError(f"run {run_id} is {run.state.value}; nothing to cancel")
+        self.log.info("run_cancel_requested", workflow_id=run_id, state=cancelled.state.value)
+        return cancelled
+
+    async def replay(self, run_id: str, from_step: int | None = None,
+                     in_doubt: InDoubt | None = None) -> Run:
+        """Queue a failed or cancelled run again as a new attempt.
+
+        Completed steps return their journaled results; execution goes on live from the first
+        step without one. ``from_step=N`` runs step N and later again. ``in_doubt`` resolves
+        steps whose outcome is unknown: ``"rerun"`` runs them again, ``"accept"`` counts them
+        as done. Nothing is deleted: the journal keeps every earlier attempt.
+        """
+        if from_step is not None and from_step < 1:
+            raise ConfigError("from_step counts from 1")
+        if in_doubt not in (None, "rerun", "accept"):
+            raise ConfigError("in_doubt must be 'rerun' or 'accept'")
+        run = await self.get(run_id)
+        if run.state not in (RunState.FAILED, RunState.CANCELLED):
+            raise InvalidStateError(
+                f"run {run_id} is {run.state.value}; only failed or cancelled runs can be "
+                "replayed")
+        queued = await self.store.requeue(run_id, from_step, in_doubt)
+        if queued is None:
+            raise InvalidStateError(f"run {run_id} changed state meanwhile; look again")
+        self.log.info("run_replayed", workflow_id=run_id, from_step=from_step,
+                      in_doubt=in_doubt)
+        return queued
+

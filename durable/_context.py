@@ -1,0 +1,162 @@
+"""The contexts handed to workflow and activity code."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from ._errors import LeaseLostError
+from ._types import JSON
+
+if TYPE_CHECKING:
+    from ._attempt import Attempt
+    from ._registry import Activity
+    from ._report import RecoveryReport
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+FENCING_HEADER = "Durable-Fencing-Token"
+
+
+class WorkflowContext:
+    """Given to a workflow function: runs steps, and hands out journaled values."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+
+    @property
+    def workflow_id(self) -> str:
+        return self._attempt.run.id
+
+    @property
+    def workflow_name(self) -> str:
+        return self._attempt.run.workflow
+
+    @property
+    def attempt(self) -> int:
+        """The run's attempt number (1 for the first claim; recoveries and replays add one)."""
+        return self._attempt.run.attempt
+
+    @property
+    def epoch(self) -> int:
+        """The attempt's fencing token."""
+        return self._attempt.run.epoch
+
+    @property
+    def key(self) -> str | None:
+        """The run's concurrency key."""
+        return self._attempt.run.key
+
+    async def step(self, activity: Activity, *args: Any, key: str | None = None) -> Any:
+        """Run ``activity`` as a journaled step.
+
+        Without ``key`` the step's identity is its position among the run's unkeyed steps
+        (the n-th call is step n). Steps started concurrently (a task group) must each pass
+        a stable ``key`` (an item id, say), so their identity does not depend on the order
+        the tasks happen to start in.
+        """
+        return await self._attempt.run_step(activity, args, key)
+
+    async def now(self) -> float:
+        """The wall-clock time, journaled: a replay sees the same value."""
+        return float(await self._attempt.value("durable.now", time.time))
+
+    async def uuid4(self) -> str:
+        """A random UUID, journaled: a replay sees the same value."""
+        return str(await self._attempt.value("durable.uuid4", lambda: str(uuid.uuid4())))
+
+    async def set_records(
+        self, records: Mapping[tuple[str, str], JSON], *, summary: JSON = None,
+        key: str | None = None,
+    ) -> None:
+        """Write application records as one fenced step.
+
+        The records and the step's journal entry commit in one transaction, only if this
+        attempt still holds its lease and epoch: a superseded attempt can never apply it.
+        """
+        await self._attempt.set_records(records, summary, key)
+
+    async def get_record(self, namespace: str, key: str) -> JSON:
+        """Read an application record; the value read is journaled as a step."""
+        return await self._attempt.get_record(namespace, key)
+
+    async def recovery_report(self) -> RecoveryReport:
+        """What this run has done so far, derived from its journal (for messages)."""
+        return await self._attempt.recovery_report()
+
+
+class ActivityContext:
+    """Given to an activity: the fenced HTTP client, heartbeats, and step identity."""
+
+    def __init__(
+        self,
+        attempt: Attempt | None,
+        *,
+        step: int = 0,
+        step_key: str = "",
+        try_number: int = 1,
+        idempotency_key: str = "",
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._attempt = attempt
+        self.step = step
+        self.step_key = step_key
+        self.try_number = try_number
+        self.idempotency_key = idempotency_key
+        self._http = http
+        self.summary: JSON = None
+
+    @classmethod
+    def standalone(cls, http: httpx.AsyncClient | None = None) -> ActivityContext:
+        """A context for calling an activity outside any workflow (tests, scripts)."""
+        return cls(None, http=http)
+
+    @property
+    def workflow_id(self) -> str | None:
+        return None if self._attempt is None else self._attempt.run.id
+
+    @property
+    def fencing_token(self) -> int | None:
+        return None if self._attempt is None else self._attempt.run.epoch
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """An httpx client bound to this attempt.
+
+        Every request carries ``Idempotency-Key: <workflow id>/<step key>`` and
+        ``Durable-Fencing-Token: <epoch>``, and is refused before it is sent
+        (:class:`durable.LeaseLostError`) once the attempt no longer holds its lease.
+        Cancelling the attempt or the step aborts a request in flight.
+        """
+        if self._http is None:
+            if self._attempt is None:
+                self._http = httpx.AsyncClient()
+            else:
+                self._http = self._attempt.http_client(self)
+        return self._http
+
+    def heartbeat(self, detail: JSON = None) -> None:
+        """Report progress; the detail goes out with the worker's next lease renewal."""
+        if self._attempt is not None:
+            self._attempt.heartbeat_detail = detail
+
+    def annotate(self, summary: JSON) -> None:
+        """A short summary of what this step did or touched, kept in the journal."""
+        self.summary = summary
+
+    async def assert_still_mine(self) -> None:
+        """Raise :class:`durable.LeaseLostError` unless this attempt still holds the run.
+
+        Checks the local lease and then the database (the write-up's ``assertStillMine``).
+        """
+        if self._attempt is None:
+            return
+        await self._attempt.assert_still_mine()
+
+    def check_lease(self) -> None:
+        """The local (no database) half of :meth:`assert_still_mine`."""
+        if self._attempt is not None and not self._attempt.holds_lease():
+            raise LeaseLostError(f"attempt of {self._attempt.run.id} no longer holds its lease")

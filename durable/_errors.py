@@ -1,0 +1,111 @@
+"""Errors raised by durable.
+
+The tree::
+
+    DurableError                      every error of this package
+    ├── ConfigError                   bad configuration or arguments from the user
+    │   ├── UnknownWorkflowError      no workflow is registered under that name
+    │   ├── NotJsonError              arguments or results that are not JSON values
+    │   └── RunConflictError          an id reused for another workflow or other arguments
+    ├── StoreError                    the store could not do what was asked
+    │   ├── StoreUnavailableError     the database cannot be opened or reached
+    │   └── SchemaVersionError        the database was written by a newer durable
+    ├── RunNotFoundError              no run has that id
+    ├── InvalidStateError             the run is not in a state that allows the operation
+    ├── NonDeterminismError           a replay met a journaled step under another activity name
+    ├── StepInDoubtError              a step started but its outcome is unknown (on_doubt="fail")
+    ├── ActivityError                 an activity failed after its retries (wraps the cause)
+    └── NonRetryableError             raise it in an activity to fail the step without retrying
+
+Control-flow signals derive from ``BaseException`` so that a user's ``except Exception``
+cannot swallow them::
+
+    BaseException
+    └── AttemptCancelled              this attempt must stop (cancel, shutdown, timeout)
+        └── LeaseLostError            the attempt no longer holds its lease and epoch: a write
+                                      or an HTTP request of it was refused, nothing was done
+
+The engine translates foreign exceptions (sqlite3, psycopg, httpx) once, at its boundary.
+"""
+
+from __future__ import annotations
+
+
+class DurableError(Exception):
+    """Base class of every error raised by durable."""
+
+
+class ConfigError(DurableError):
+    """Bad configuration or arguments supplied by the user."""
+
+
+class UnknownWorkflowError(ConfigError):
+    """No workflow is registered under the given name."""
+
+
+class NotJsonError(ConfigError):
+    """A value that must be JSON (workflow arguments, results) is not."""
+
+
+class RunConflictError(ConfigError):
+    """A run id was reused for a different workflow or different arguments."""
+
+
+class StoreError(DurableError):
+    """The store failed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be opened or reached."""
+
+
+class SchemaVersionError(StoreError):
+    """The database schema is newer than this version of durable understands."""
+
+
+class RunNotFoundError(DurableError):
+    """No run exists with the given id."""
+
+
+class InvalidStateError(DurableError):
+    """The run's state does not allow the requested operation."""
+
+
+class NonDeterminismError(DurableError):
+    """Workflow code called a different activity at a journaled step than it did before."""
+
+
+class StepInDoubtError(DurableError):
+    """A step was started by an earlier attempt and its outcome is unknown."""
+
+    def __init__(self, message: str, *, step: int, step_key: str, activity: str) -> None:
+        super().__init__(message)
+        self.step = step
+        self.step_key = step_key
+        self.activity = activity
+
+
+class ActivityError(DurableError):
+    """An activity failed for good (retries exhausted or a non-retryable error)."""
+
+    def __init__(self, message: str, *, step: int, activity: str, error_type: str) -> None:
+        super().__init__(message)
+        self.step = step
+        self.activity = activity
+        self.error_type = error_type
+
+
+class NonRetryableError(DurableError):
+    """Raise (or subclass) in an activity to fail its step at once, without retrying."""
+
+
+class AttemptCancelled(BaseException):
+    """Raised inside an attempt that must stop. Derives from BaseException on purpose."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class LeaseLostError(AttemptCancelled):
+    """The attempt lost its lease (or was superseded): its writes and requests are refused."""

@@ -1,0 +1,130 @@
+"""Folding a run's journal into the state of each step. The journal is the truth."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from ._types import JSON, EntryKind, JournalEntry, StepState
+
+
+@attrs.define
+class StepView:
+    """What the journal says of one step."""
+
+    number: int
+    key: str
+    name: str
+    state: StepState | None = None
+    """None: not (or no longer, after a replay) done; to run."""
+    attempts: int = 0
+    epoch: int = 0
+    result: JSON = None
+    error: str | None = None
+    error_type: str | None = None
+    summary: JSON = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    accepted: bool = False
+    reruns: int = 0
+    """How many times a replay asked for the step to run again (changes its idempotency key)."""
+
+
+class History:
+    """Step states of one run, folded from its journal entries in order."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, StepView] = {}
+        self.last_seq = 0
+        self.replays = 0
+
+    @classmethod
+    def fold(cls, entries: Iterable[JournalEntry]) -> History:
+        history = cls()
+        for entry in entries:
+            history.apply(entry)
+        return history
+
+    def next_number(self) -> int:
+        return 1 + max((s.number for s in self.steps.values()), default=0)
+
+    def by_number(self, number: int) -> StepView | None:
+        for step in self.steps.values():
+            if step.number == number:
+                return step
+        return None
+
+    def ordered(self) -> list[StepView]:
+        return sorted(self.steps.values(), key=lambda s: s.number)
+
+    def apply(self, entry: JournalEntry) -> None:
+        self.last_seq = max(self.last_seq, entry.seq)
+        kind = entry.kind
+        if kind is EntryKind.RUN_REPLAYED:
+            self._replayed(entry)
+            return
+        if entry.step_key is None or entry.step is None:
+            return
+        step = self.steps.get(entry.step_key)
+        if step is None:
+            step = StepView(entry.step, entry.step_key, entry.name or "?")
+            self.steps[entry.step_key] = step
+        data = entry.data
+        step.epoch = entry.epoch
+        if kind is EntryKind.STEP_STARTED:
+            step.state = StepState.STARTED
+            step.attempts = max(step.attempts, entry.attempt or 1)
+            step.started_at = entry.at
+            step.ended_at = None
+            step.error = None
+        elif kind is EntryKind.STEP_RETRYING:
+            step.state = StepState.STARTED
+            step.error = data.get("error")
+            step.error_type = data.get("error_type")
+        elif kind is EntryKind.STEP_COMPLETED or kind is EntryKind.VALUE:
+            step.state = StepState.COMPLETED
+            step.result = data.get("result")
+            step.summary = data.get("summary")
+            step.error = None
+            step.accepted = bool(data.get("accepted"))
+            step.ended_at = entry.at
+            if step.started_at is None:
+                step.started_at = entry.at
+        elif kind is EntryKind.STEP_FAILED:
+            step.state = StepState.FAILED
+            step.error = data.get("error")
+            step.error_type = data.get("error_type")
+            step.summary = data.get("summary", step.summary)
+            step.ended_at = entry.at
+        elif kind is EntryKind.STEP_IN_DOUBT:
+            step.state = StepState.IN_DOUBT
+            step.error = data.get("reason")
+
+    def _replayed(self, entry: JournalEntry) -> None:
+        self.replays += 1
+        from_step = entry.data.get("from_step")
+        policy = entry.data.get("in_doubt")
+        for step in self.steps.values():
+            if from_step is not None and step.number >= int(from_step):
+                if step.state is StepState.COMPLETED:
+                    step.reruns += 1
+                step.state = None
+            elif step.state in (StepState.STARTED, StepState.IN_DOUBT):
+                if policy == "accept":
+                    step.state = StepState.COMPLETED
+                    step.accepted = True
+                    step.result = entry.data.get("result")
+                elif policy == "rerun":
+                    step.state = None
+            elif step.state is StepState.FAILED:
+                step.state = None
+
+    def in_doubt(self, current_epoch: int) -> list[StepView]:
+        """Steps started by an earlier attempt with no outcome."""
+        return [
+            s
+            for s in self.ordered()
+            if s.state is StepState.IN_DOUBT
+            or (s.state is StepState.STARTED and s.epoch < current_epoch)
+        ]

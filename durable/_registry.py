@@ -1,0 +1,210 @@
+"""Declaring workflows and activities, and the registry the worker runs them from."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import attrs
+import httpx
+
+from ._errors import ConfigError, NonRetryableError, UnknownWorkflowError
+
+if TYPE_CHECKING:
+    from ._context import ActivityContext, WorkflowContext
+
+R = TypeVar("R")
+OnDoubt = Literal["retry", "fail"]
+
+
+@attrs.frozen
+class RetryPolicy:
+    """How an activity's step is retried: exponential backoff with jitter and a cap.
+
+    ``max_attempts`` counts the first try. An exception of a type in ``non_retryable`` (or
+    any :class:`durable.NonRetryableError`) fails the step at once. A 429/503 answer's
+    ``Retry-After`` (an ``httpx.HTTPStatusError`` or any exception with a ``retry_after``
+    attribute in seconds) is honoured, up to ``max_delay``.
+    """
+
+    max_attempts: int = 3
+    initial_delay: float = 0.5
+    backoff: float = 2.0
+    max_delay: float = 30.0
+    jitter: float = 0.2
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError("RetryPolicy.max_attempts must be at least 1")
+        if self.initial_delay < 0 or self.max_delay < 0 or self.backoff < 1:
+            raise ConfigError("RetryPolicy delays must be >= 0 and backoff >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ConfigError("RetryPolicy.jitter must be between 0 and 1")
+
+    def retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, NonRetryableError):
+            return False
+        return not isinstance(exc, self.non_retryable)
+
+    def delay(self, attempt: int, exc: BaseException | None = None,
+              rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed try number ``attempt`` (1-based)."""
+        retry_after = retry_after_of(exc) if exc is not None else None
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_delay)
+        base = min(self.initial_delay * self.backoff ** (attempt - 1), self.max_delay)
+        spread = base * self.jitter
+        return max(0.0, base + (rng or random).uniform(-spread, spread))
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The server-requested delay carried by an exception, if any."""
+    value = getattr(exc, "retry_after", None)
+    if value is None and isinstance(exc, httpx.HTTPStatusError):
+        if exc.response.status_code in (429, 503):
+            value = exc.response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class Activity:
+    """A journaled operation. Call it with a workflow context to run it as a step."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        name: str,
+        timeout: float | None,
+        retry: RetryPolicy,
+        on_doubt: OnDoubt,
+    ) -> None:
+        if on_doubt not in ("retry", "fail"):
+            raise ConfigError(f"on_doubt must be 'retry' or 'fail', not {on_doubt!r}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigError("an activity timeout must be positive seconds")
+        self.fn = fn
+        self.name = name
+        self.timeout = timeout
+        self.retry = retry
+        self.on_doubt: OnDoubt = on_doubt
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    async def __call__(self, ctx: WorkflowContext | ActivityContext, *args: Any) -> Any:
+        from ._context import WorkflowContext
+
+        if isinstance(ctx, WorkflowContext):
+            return await ctx.step(self, *args)
+        return await self.fn(ctx, *args)
+
+    def __repr__(self) -> str:
+        return f"<durable.Activity {self.name}>"
+
+
+class Workflow:
+    """A registered workflow function."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        name: str,
+        timeout: float | None,
+    ) -> None:
+        if timeout is not None and timeout <= 0:
+            raise ConfigError("a workflow timeout must be positive seconds")
+        self.fn = fn
+        self.name = name
+        self.timeout = timeout
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    async def __call__(self, ctx: WorkflowContext, *args: Any) -> Any:
+        return await self.fn(ctx, *args)
+
+    def __repr__(self) -> str:
+        return f"<durable.Workflow {self.name}>"
+
+
+class Registry:
+    """Workflows by name. The decorators register into :data:`default_registry`."""
+
+    def __init__(self) -> None:
+        self.workflows: dict[str, Workflow] = {}
+        self.activities: dict[str, Activity] = {}
+
+    def add_workflow(self, wf: Workflow) -> None:
+        existing = self.workflows.get(wf.name)
+        if existing is not None and existing.fn is not wf.fn:
+            raise ConfigError(f"two workflows are named {wf.name!r}")
+        self.workflows[wf.name] = wf
+
+    def add_activity(self, act: Activity) -> None:
+        existing = self.activities.get(act.name)
+        if existing is not None and existing.fn is not act.fn:
+            raise ConfigError(f"two activities are named {act.name!r}")
+        self.activities[act.name] = act
+
+    def workflow(self, name: str) -> Workflow:
+        try:
+            return self.workflows[name]
+        except KeyError:
+            known = ", ".join(sorted(self.workflows)) or "none (did you pass --import?)"
+            raise UnknownWorkflowError(
+                f"unknown workflow {name!r}; known workflows: {known}"
+            ) from None
+
+
+default_registry = Registry()
+
+
+def workflow(
+    name: str | None = None, *, timeout: float | None = None, registry: Registry | None = None
+) -> Callable[[Callable[..., Awaitable[Any]]], Workflow]:
+    """Declare ``async def f(ctx, *args)`` a workflow named ``name`` (default: its name)."""
+
+    def decorate(fn: Callable[..., Awaitable[Any]]) -> Workflow:
+        wf = Workflow(fn, name=name or fn.__qualname__, timeout=timeout)
+        (registry or default_registry).add_workflow(wf)
+        return wf
+
+    return decorate
+
+
+def activity(
+    name: str | None = None,
+    *,
+    timeout: float | None = None,
+    retry: RetryPolicy | None = None,
+    on_doubt: OnDoubt = "retry",
+    registry: Registry | None = None,
+) -> Callable[[Callable[..., Awaitable[Any]]], Activity]:
+    """Declare ``async def a(ctx, *args)`` an activity: journaled as a step in a workflow.
+
+    ``on_doubt`` says what a new attempt does with a step an earlier attempt started but
+    never finished: ``"retry"`` runs it again (only for idempotent activities), ``"fail"``
+    fails the run and names the step, for an operator to resolve on replay.
+    """
+
+    def decorate(fn: Callable[..., Awaitable[Any]]) -> Activity:
+        act = Activity(
+            fn,
+            name=name or fn.__qualname__,
+            timeout=timeout,
+            retry=retry if retry is not None else RetryPolicy(),
+            on_doubt=on_doubt,
+        )
+        (registry or default_registry).add_activity(act)
+        return act
+
+    return decorate

@@ -1,0 +1,205 @@
+"""Frozen value types shared by the engine, the store and the client."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ._errors import NotJsonError
+
+JSON = Any
+"""A JSON value: None, bool, int, float, str, list or dict of JSON values."""
+
+
+class RunState(str, enum.Enum):
+    """The state of a run."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+
+
+class StepState(str, enum.Enum):
+    """The state of a step, derived from its journal entries."""
+
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    IN_DOUBT = "in_doubt"
+
+
+class EntryKind(str, enum.Enum):
+    """Kinds of journal entries. The journal is append-only."""
+
+    RUN_CREATED = "run_created"
+    RUN_CLAIMED = "run_claimed"
+    RUN_COMPLETED = "run_completed"
+    RUN_FAILED = "run_failed"
+    RUN_CANCELLED = "run_cancelled"
+    RUN_CANCEL_REQUESTED = "run_cancel_requested"
+    RUN_INTERRUPTED = "run_interrupted"
+    RUN_RECOVERED = "run_recovered"
+    RUN_REPLAYED = "run_replayed"
+    STEP_STARTED = "step_started"
+    STEP_COMPLETED = "step_completed"
+    STEP_FAILED = "step_failed"
+    STEP_RETRYING = "step_retrying"
+    STEP_IN_DOUBT = "step_in_doubt"
+    VALUE = "value"
+
+
+def dumps(value: JSON, what: str = "value") -> str:
+    """Encode a JSON value, or raise NotJsonError naming what was not JSON."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NotJsonError(f"{what} must be JSON values: {exc}") from exc
+
+
+def loads(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+@attrs.frozen
+class Run:
+    """One run of a workflow, as stored."""
+
+    id: str
+    workflow: str
+    args: list[JSON]
+    key: str | None
+    state: RunState
+    epoch: int
+    attempt: int
+    run_at: float
+    created_at: float
+    updated_at: float
+    worker: str | None = None
+    lease_expires_at: float | None = None
+    heartbeat_at: float | None = None
+    cancel_requested: bool = False
+    result: JSON = None
+    error: str | None = None
+    timeout: float | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Run:
+        return cls(
+            id=row["id"],
+            workflow=row["workflow"],
+            args=loads(row["args"]),
+            key=row["concurrency_key"],
+            state=RunState(row["state"]),
+            epoch=int(row["epoch"]),
+            attempt=int(row["attempt"]),
+            run_at=float(row["run_at"]),
+            created_at=float(row["created_at"]),
+            updated_at=float(row["updated_at"]),
+            worker=row["worker"],
+            lease_expires_at=_opt_float(row["lease_expires_at"]),
+            heartbeat_at=_opt_float(row["heartbeat_at"]),
+            cancel_requested=bool(row["cancel_requested"]),
+            result=loads(row["result"]),
+            error=row["error"],
+            timeout=_opt_float(row["timeout"]),
+        )
+
+    def evolve(self, **changes: Any) -> Run:
+        return attrs.evolve(self, **changes)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@attrs.frozen
+class NewRun:
+    """What the client asks the store to create."""
+
+    id: str
+    workflow: str
+    args: list[JSON]
+    key: str | None
+    run_at: float
+    timeout: float | None = None
+
+
+@attrs.frozen
+class Fence:
+    """The identity of an attempt: every write it makes is conditioned on it."""
+
+    run_id: str
+    epoch: int
+
+
+@attrs.frozen
+class JournalWrite:
+    """A journal entry an attempt asks to append."""
+
+    kind: EntryKind
+    step: int | None = None
+    step_key: str | None = None
+    name: str | None = None
+    attempt: int | None = None
+    data: Mapping[str, JSON] | None = None
+
+
+@attrs.frozen
+class JournalEntry:
+    """A journal entry as stored."""
+
+    seq: int
+    run_id: str
+    epoch: int
+    kind: EntryKind
+    at: float
+    step: int | None = None
+    step_key: str | None = None
+    name: str | None = None
+    attempt: int | None = None
+    data: Mapping[str, JSON] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> JournalEntry:
+        return cls(
+            seq=int(row["seq"]),
+            run_id=row["run_id"],
+            epoch=int(row["epoch"]),
+            kind=EntryKind(row["kind"]),
+            at=float(row["at"]),
+            step=row["step"],
+            step_key=row["step_key"],
+            name=row["name"],
+            attempt=row["attempt"],
+            data=loads(row["data"]) or {},
+        )
+
+
+@attrs.frozen
+class Renewal:
+    """The answer to a lease renewal for one run."""
+
+    run_id: str
+    epoch: int
+    cancel_requested: bool
+
+
+@attrs.frozen
+class Record:
+    """A fenced application record (for example a slot), written only by attempts."""
+
+    namespace: str
+    key: str
+    value: JSON
+    epoch: int
+    updated_at: float

@@ -1,0 +1,206 @@
+"""The worker: claims runs, holds their leases, runs their attempts, shuts down gracefully."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any
+
+import anyio
+import httpx
+from anyio.abc import TaskGroup, TaskStatus
+
+from ._attempt import Attempt
+from ._errors import ConfigError, StoreError
+from ._logging import get_logger
+from ._registry import Registry, default_registry
+from ._types import Run
+from .store import Store
+
+
+class Worker:
+    """Runs workflows from a store.
+
+    - Claims with one conditional statement per batch, up to ``concurrency`` runs at once.
+    - Renews the leases of all its runs in one statement every ``heartbeat_interval``; the
+      same statement tells it which runs an operator cancelled. Each attempt's cancel scope
+      deadline follows its lease's local expiry, so an attempt whose renewals fail is
+      cancelled before its lease runs out in the store, and so before anyone can take over.
+    - Sweeps for runs whose lease expired (crashed workers) every ``sweep_interval``.
+    - :meth:`shutdown` stops claiming, waits ``grace`` seconds, then cancels the attempts
+      still running, journals that they were interrupted and gives their runs back at once.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        registry: Registry | None = None,
+        concurrency: int = 16,
+        lease: float = 30.0,
+        heartbeat_interval: float | None = None,
+        poll_interval: float = 0.5,
+        sweep_interval: float | None = None,
+        grace: float = 10.0,
+        worker_id: str | None = None,
+        console_url: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError("concurrency must be at least 1")
+        if lease <= 0 or poll_interval <= 0 or grace < 0:
+            raise ConfigError("lease and poll interval must be positive, grace not negative")
+        self.store = store
+        self.registry = registry or default_registry
+        self.concurrency = concurrency
+        self.lease = lease
+        self.heartbeat_interval = heartbeat_interval or min(lease / 3, 1.0)
+        if self.heartbeat_interval >= lease * 0.9:
+            raise ConfigError("heartbeat_interval must be well below the lease")
+        self.poll_interval = poll_interval
+        self.sweep_interval = sweep_interval or max(min(lease / 2, 5.0), 0.05)
+        self.grace = grace
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.console_url = console_url
+        self._transport = transport
+        self.active: dict[str, Attempt] = {}
+        self._stopping = False
+        self._wake = anyio.Event()
+        self._changed = anyio.Event()
+        self.log = get_logger(worker=self.worker_id)
+        self.claimed = 0
+
+    # -- control -----------------------------------------------------------------------------
+    def shutdown(self, grace: float | None = None) -> None:
+        """Stop claiming; cancel what still runs after the grace period. Idempotent."""
+        if grace is not None:
+            self.grace = min(self.grace, grace)
+        if not self._stopping:
+            self.log.info("worker_stopping", active=len(self.active), grace=self.grace)
+        self._stopping = True
+        self._wake.set()
+        self._changed.set()
+
+    def wake(self) -> None:
+        """Look for work now rather than at the next poll."""
+        self._wake.set()
+
+    # -- main --------------------------------------------------------------------------------
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        transport = self._transport or httpx.AsyncHTTPTransport()
+        try:
+            async with anyio.create_task_group() as service:
+                service.start_soon(self._heartbeat_loop)
+                service.start_soon(self._sweep_loop)
+                async with anyio.create_task_group() as runs:
+                    self.log.info("worker_started", concurrency=self.concurrency,
+                                  lease=self.lease, store=type(self.store).__name__)
+                    task_status.started()
+                    await self._claim_loop(runs, transport)
+                    with anyio.move_on_after(self.grace):
+                        while self.active:
+                            await self._wait_changed()
+                    for attempt in list(self.active.values()):
+                        attempt.stop("shutdown")
+                service.cancel_scope.cancel()
+        finally:
+            if self._transport is None:
+                with anyio.CancelScope(shield=True):
+                    await transport.aclose()
+            self.log.info("worker_stopped", claimed=self.claimed)
+
+    async def _wait_changed(self) -> None:
+        await self._changed.wait()
+        self._changed = anyio.Event()
+
+    async def _claim_loop(self, runs: TaskGroup, transport: httpx.AsyncBaseTransport) -> None:
+        failures = 0
+        while not self._stopping:
+            free = self.concurrency - len(self.active)
+            claimed: list[Run] = []
+            if free > 0:
+                sent = anyio.current_time()
+                try:
+                    claimed = await self.store.claim(self.worker_id, self.lease, free)
+                    failures = 0
+                except StoreError as exc:
+                    failures += 1
+                    self.log.error("claim_failed", error=str(exc), failures=failures)
+                for run in claimed:
+                    self._spawn(runs, run, sent, transport)
+                if claimed and len(claimed) == free:
+                    continue
+            if self._stopping:
+                break
+            wait = self.poll_interval * min(2 ** failures, 20)
+            with anyio.move_on_after(wait):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+
+    def _spawn(self, runs: TaskGroup, run: Run, sent: float,
+               transport: httpx.AsyncBaseTransport) -> None:
+        attempt = Attempt(self.store, run, self.registry, lease=self.lease, lease_sent_at=sent,
+                          transport=transport, worker_id=self.worker_id,
+                          console_url=self.console_url)
+        self.active[run.id] = attempt
+        self.claimed += 1
+        attempt.log.info("run_claimed", worker=self.worker_id)
+        runs.start_soon(self._execute, attempt, name=f"durable run {run.id}")
+
+    async def _execute(self, attempt: Attempt) -> None:
+        try:
+            await attempt.execute()
+        except Exception as exc:  # the engine's own failure: log it, the lease will lapse
+            attempt.log.exception("attempt_crashed", error=str(exc))
+        finally:
+            self.active.pop(attempt.run.id, None)
+            self._changed.set()
+            self._wake.set()
+
+    # -- leases --------------------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat_interval)
+            await self.renew_now()
+
+    async def renew_now(self) -> None:
+        """Renew every held lease (one statement) and apply cancels and losses."""
+        attempts = list(self.active.values())
+        if not attempts:
+            return
+        sent = anyio.current_time()
+        details: dict[str, Any] = {
+            a.run.id: a.heartbeat_detail for a in attempts if a.heartbeat_detail is not None
+        }
+        try:
+            renewals = await self.store.renew(
+                self.worker_id, [a.fence for a in attempts], self.lease, details)
+        except StoreError as exc:
+            self.log.error("renew_failed", error=str(exc), runs=len(attempts))
+            return
+        held = {r.run_id: r for r in renewals}
+        for attempt in attempts:
+            renewal = held.get(attempt.run.id)
+            if renewal is None or renewal.epoch != attempt.fence.epoch:
+                if self.active.get(attempt.run.id) is attempt:
+                    attempt.log.warning("lease_lost")
+                    attempt.lose()
+                continue
+            attempt.renewed(sent)
+            if renewal.cancel_requested:
+                attempt.stop("cancelled")
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            try:
+                recovered = await self.store.recover_stale()
+            except StoreError as exc:
+                self.log.error("sweep_failed", error=str(exc))
+                recovered = []
+            for fence in recovered:
+                self.log.warning("run_recovered", workflow_id=fence.run_id, epoch=fence.epoch,
+                                 by="sweep")
+            if recovered:
+                self._wake.set()
+            await anyio.sleep(self.sweep_interval)

@@ -1,0 +1,505 @@
+"""The SQLite store: the embedded default, for one machine (any number of processes).
+
+Durability: WAL mode with ``synchronous=NORMAL`` by default. A committed transaction
+survives the process being killed (SIGKILL, OOM); after a power loss or OS crash the last
+few transactions may be lost, never half-applied, and the database is never corrupt.
+``?synchronous=full`` in the URL makes every commit survive power loss too, at a cost
+(see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._clock import Clock, WallClock
+from .._errors import SchemaVersionError, StoreError, StoreUnavailableError
+from .._types import (
+    JSON,
+    EntryKind,
+    Fence,
+    JournalEntry,
+    JournalWrite,
+    NewRun,
+    Record,
+    Renewal,
+    Run,
+    RunState,
+    dumps,
+    loads,
+)
+from ._base import SCHEMA_VERSION, Store
+from ._sql import load_migrations, load_queries
+from ._thread import DbThread
+
+T = TypeVar("T")
+Q = load_queries("sqlite")
+
+
+def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:
+    return {
+        "run_id": fence.run_id,
+        "epoch": fence.epoch,
+        "kind": entry.kind.value,
+        "step": entry.step,
+        "step_key": entry.step_key,
+        "name": entry.name,
+        "attempt": entry.attempt,
+        "now": now,
+        "data": None if entry.data is None else dumps(dict(entry.data), "journal data"),
+    }
+
+
+class SqliteStore(Store):
+    """A store in one SQLite file, shared safely by several processes."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        clock: Clock | None = None,
+        synchronous: str = "NORMAL",
+        busy_timeout: float = 5.0,
+        create: bool = True,
+    ) -> None:
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self.clock = clock or WallClock()
+        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise StoreUnavailableError(f"unknown synchronous setting {synchronous!r}")
+        self._synchronous = synchronous.upper()
+        self._busy_timeout = busy_timeout
+        self._create = create
+        self._db: DbThread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            target = Path(self.path)
+            if not self._create and not target.exists():
+                raise StoreUnavailableError(f"no database at {self.path}")
+            if not target.parent.is_dir():
+                raise StoreUnavailableError(
+                    f"cannot open SQLite database {self.path}: folder {target.parent} "
+                    "does not exist"
+                )
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if self.path != ":memory:" and str(mode).lower() != "wal":
+                raise StoreUnavailableError(f"cannot put {self.path} in WAL mode (got {mode})")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnavailableError(
+                f"cannot open SQLite database {self.path}: {exc}"
+            ) from exc
+        return conn
+
+    async def open(self) -> None:
+        db = DbThread(self._connect, busy_retry=max(30.0, self._busy_timeout))
+        try:
+            db.start()
+        except StoreUnavailableError:
+            raise
+        except OSError as exc:
+            raise StoreUnavailableError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        self._db = db
+        try:
+            await self._run(self._migrate)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            db.stop()
+
+    async def schema_version(self) -> int:
+        return await self._run(self._read_version, write=False)
+
+    @staticmethod
+    def _read_version(conn: sqlite3.Connection) -> int:
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'durable_meta'"
+        ).fetchone()
+        if not has_meta:
+            tables = conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+            ).fetchone()[0]
+            if tables:
+                raise StoreUnavailableError(
+                    "the database holds other tables but no durable schema; "
+                    "point --db at a new file or a durable database"
+                )
+            return 0
+        row = conn.execute("SELECT value FROM durable_meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _migrate(self, conn: sqlite3.Connection) -> int:
+        version = self._read_version(conn)
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"the database {self.path} has schema version {version}, newer than this "
+                f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
+            )
+        for number, script in load_migrations("sqlite"):
+            if number <= version:
+                continue
+            for statement in _split_script(script):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO durable_meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(number),),
+            )
+            version = number
+        return version
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+        db = self._db
+        if db is None:
+            raise StoreError("the store is not open")
+        try:
+            return await db.run(fn, write=write)
+        except sqlite3.DatabaseError as exc:
+            message = str(exc)
+            if "locked" in message or "busy" in message or "unable to open" in message:
+                raise StoreUnavailableError(f"SQLite database {self.path}: {message}") from exc
+            if "not a database" in message or "malformed" in message:
+                raise StoreUnavailableError(
+                    f"{self.path} is not a readable SQLite database: {message}"
+                ) from exc
+            raise StoreError(f"SQLite database {self.path}: {message}") from exc
+
+    # -- runs --------------------------------------------------------------------------------
+    async def create_run(self, new: NewRun) -> tuple[Run, bool]:
+        now = self.clock.now()
+        params = {
+            "id": new.id,
+            "workflow": new.workflow,
+            "args": dumps(new.args, "workflow arguments"),
+            "key": new.key,
+            "run_at": new.run_at,
+            "timeout": new.timeout,
+            "now": now,
+        }
+
+        def tx(conn: sqlite3.Connection) -> tuple[Run, bool]:
+            row = conn.execute(Q["insert_run"], params).fetchone()
+            if row is None:
+                existing = conn.execute(Q["get_run"], {"id": new.id}).fetchone()
+                return Run.from_row(existing), False
+            run = Run.from_row(row)
+            data = {"workflow": new.workflow, "args": new.args, "key": new.key,
+                    "run_at": new.run_at}
+            conn.execute(
+                Q["append_unfenced"],
+                _entry_params(Fence(run.id, 0), JournalWrite(EntryKind.RUN_CREATED, data=data),
+                              now),
+            )
+            return run, True
+
+        return await self._run(tx)
+
+    async def get_run(self, run_id: str) -> Run | None:
+        def read(conn: sqlite3.Connection) -> Run | None:
+            row = conn.execute(Q["get_run"], {"id": run_id}).fetchone()
+            return None if row is None else Run.from_row(row)
+
+        return await self._run(read, write=False)
+
+    async def list_runs(
+        self,
+        *,
+        state: RunState | None = None,
+        workflow: str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+    ) -> list[Run]:
+        params = {
+            "state": None if state is None else state.value,
+            "workflow": workflow,
+            "key": key,
+            "limit": limit,
+        }
+
+        def read(conn: sqlite3.Connection) -> list[Run]:
+            return [Run.from_row(r) for r in conn.execute(Q["list_runs"], params)]
+
+        return await self._run(read, write=False)
+
+    async def latest_run(self, workflow: str, key: str) -> Run | None:
+        def read(conn: sqlite3.Connection) -> Run | None:
+            row = conn.execute(Q["latest_run"], {"workflow": workflow, "key": key}).fetchone()
+            return None if row is None else Run.from_row(row)
+
+        return await self._run(read, write=False)
+
+    async def next_run_at(self) -> float | None:
+        def read(conn: sqlite3.Connection) -> float | None:
+            row = conn.execute(Q["next_run_at"]).fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
+        return await self._run(read, write=False)
+
+    # -- attempts ----------------------------------------------------------------------------
+    async def claim(
+        self, worker: str, lease: float, limit: int, run_id: str | None = None
+    ) -> list[Run]:
+        now = self.clock.now()
+        params = {"worker": worker, "lease": lease, "limit": limit, "run_id": run_id,
+                  "now": now}
+
+        def tx(conn: sqlite3.Connection) -> list[Run]:
+            runs = [Run.from_row(r) for r in conn.execute(Q["claim"], params).fetchall()]
+            for run in runs:
+                conn.execute(
+                    Q["append_unfenced"],
+                    _entry_params(
+                        Fence(run.id, run.epoch),
+                        JournalWrite(EntryKind.RUN_CLAIMED, attempt=run.attempt,
+                                     data={"worker": worker}),
+                        now,
+                    ),
+                )
+            return runs
+
+        return await self._run(tx)
+
+    async def renew(
+        self,
+        worker: str,
+        held: Sequence[Fence],
+        lease: float,
+        details: Mapping[str, JSON] | None = None,
+    ) -> list[Renewal]:
+        if not held:
+            return []
+        params = {
+            "worker": worker,
+            "lease": lease,
+            "now": self.clock.now(),
+            "held": json.dumps([[f.run_id, f.epoch] for f in held]),
+            "details": json.dumps({k: dumps(v) for k, v in (details or {}).items()}),
+        }
+
+        def tx(conn: sqlite3.Connection) -> list[Renewal]:
+            return [
+                Renewal(r["id"], int(r["epoch"]), bool(r["cancel_requested"]))
+                for r in conn.execute(Q["renew"], params).fetchall()
+            ]
+
+        return await self._run(tx)
+
+    async def append(self, fence: Fence, entries: Sequence[JournalWrite]) -> bool:
+        now = self.clock.now()
+        rows = [_entry_params(fence, e, now) for e in entries]
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            for params in rows:
+                if conn.execute(Q["append_entry"], params).rowcount != 1:
+                    raise _Fenced
+            return True
+
+        return await self._fenced(tx)
+
+    async def _fenced(self, tx: Callable[[sqlite3.Connection], bool]) -> bool:
+        try:
+            return await self._run(tx)
+        except _Fenced:
+            return False
+
+    async def finish(
+        self,
+        fence: Fence,
+        state: RunState,
+        *,
+        result: JSON = None,
+        error: str | None = None,
+        entries: Sequence[JournalWrite] = (),
+    ) -> bool:
+        now = self.clock.now()
+        rows = [_entry_params(fence, e, now) for e in entries]
+        params = {
+            "run_id": fence.run_id,
+            "epoch": fence.epoch,
+            "state": state.value,
+            "result": dumps(result, "workflow result"),
+            "error": error,
+            "now": now,
+        }
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            for entry in rows:
+                if conn.execute(Q["append_entry"], entry).rowcount != 1:
+                    raise _Fenced
+            if conn.execute(Q["finish_run"], params).rowcount != 1:
+                raise _Fenced
+            return True
+
+        return await self._fenced(tx)
+
+    async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
+        now = self.clock.now()
+        rows = [_entry_params(fence, e, now) for e in entries]
+        params = {"run_id": fence.run_id, "epoch": fence.epoch, "now": now}
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            for entry in rows:
+                if conn.execute(Q["append_entry"], entry).rowcount != 1:
+                    raise _Fenced
+            if conn.execute(Q["release_run"], params).rowcount != 1:
+                raise _Fenced
+            return True
+
+        return await self._fenced(tx)
+
+    async def recover_stale(
+        self, run_id: str | None = None, epoch: int | None = None
+    ) -> list[Fence]:
+        params = {"run_id": run_id, "epoch": epoch, "now": self.clock.now()}
+
+        def tx(conn: sqlite3.Connection) -> list[Fence]:
+            conn.execute(Q["journal_recovery"], params)
+            return [
+                Fence(r["id"], int(r["epoch"]))
+                for r in conn.execute(Q["recover_stale"], params).fetchall()
+            ]
+
+        return await self._run(tx)
+
+    async def journal(self, run_id: str, after: int = 0) -> list[JournalEntry]:
+        def read(conn: sqlite3.Connection) -> list[JournalEntry]:
+            return [
+                JournalEntry.from_row(r)
+                for r in conn.execute(Q["journal"], {"run_id": run_id, "after": after})
+            ]
+
+        return await self._run(read, write=False)
+
+    # -- operator actions ---------------------------------------------------------------------
+    async def request_cancel(self, run_id: str) -> Run | None:
+        now = self.clock.now()
+        params = {"run_id": run_id, "now": now}
+
+        def tx(conn: sqlite3.Connection) -> Run | None:
+            row = conn.execute(Q["cancel_queued"], params).fetchone()
+            kind = EntryKind.RUN_CANCELLED
+            if row is None:
+                row = conn.execute(Q["cancel_running"], params).fetchone()
+                kind = EntryKind.RUN_CANCEL_REQUESTED
+            if row is None:
+                return None
+            run = Run.from_row(row)
+            conn.execute(
+                Q["append_unfenced"],
+                _entry_params(Fence(run.id, run.epoch),
+                              JournalWrite(kind, data={"by": "operator"}), now),
+            )
+            return run
+
+        return await self._run(tx)
+
+    async def requeue(
+        self, run_id: str, replay_from: int | None, doubt_policy: str | None
+    ) -> Run | None:
+        now = self.clock.now()
+        params = {"run_id": run_id, "now": now}
+
+        def tx(conn: sqlite3.Connection) -> Run | None:
+            row = conn.execute(Q["requeue"], params).fetchone()
+            if row is None:
+                return None
+            run = Run.from_row(row)
+            conn.execute(
+                Q["append_unfenced"],
+                _entry_params(
+                    Fence(run.id, run.epoch),
+                    JournalWrite(EntryKind.RUN_REPLAYED,
+                                 data={"from_step": replay_from, "in_doubt": doubt_policy}),
+                    now,
+                ),
+            )
+            return run
+
+        return await self._run(tx)
+
+    # -- records -----------------------------------------------------------------------------
+    async def put_records(
+        self,
+        fence: Fence | None,
+        records: Sequence[tuple[str, str, JSON]],
+        entries: Sequence[JournalWrite] = (),
+    ) -> bool:
+        now = self.clock.now()
+        run_id = None if fence is None else fence.run_id
+        epoch = 0 if fence is None else fence.epoch
+        rows = [
+            {"namespace": ns, "key": key, "value": dumps(value, "record value"),
+             "epoch": epoch, "run_id": run_id, "now": now}
+            for ns, key, value in records
+        ]
+        journal_rows = [] if fence is None else [_entry_params(fence, e, now) for e in entries]
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            for entry in journal_rows:
+                if conn.execute(Q["append_entry"], entry).rowcount != 1:
+                    raise _Fenced
+            for params in rows:
+                query = Q["put_record"] if fence is not None else Q["put_record_unfenced"]
+                if conn.execute(query, params).rowcount != 1:
+                    raise _Fenced
+            return True
+
+        return await self._fenced(tx)
+
+    async def get_record(self, namespace: str, key: str) -> Record | None:
+        def read(conn: sqlite3.Connection) -> Record | None:
+            row = conn.execute(Q["get_record"], {"namespace": namespace, "key": key}).fetchone()
+            return None if row is None else _record(row)
+
+        return await self._run(read, write=False)
+
+    async def list_records(self, namespace: str) -> list[Record]:
+        def read(conn: sqlite3.Connection) -> list[Record]:
+            return [_record(r) for r in conn.execute(Q["list_records"], {"namespace": namespace})]
+
+        return await self._run(read, write=False)
+
+
+class _Fenced(Exception):
+    """Raised inside a transaction whose fence failed, to roll it back."""
+
+
+def _record(row: Mapping[str, Any]) -> Record:
+    return Record(row["namespace"], row["key"], loads(row["value"]), int(row["epoch"]),
+                  float(row["updated_at"]))
+
+
+def _split_script(script: str) -> list[str]:
+    """Split a migration into statements, keeping trigger bodies whole."""
+    statements: list[str] = []
+    current: list[str] = []
+    for line in script.splitlines():
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("--")):
+            continue
+        current.append(line)
+        joined = "\n".join(current)
+        if stripped.endswith(";") and sqlite3.complete_statement(joined):
+            statements.append(joined)
+            current = []
+    if current and "\n".join(current).strip():
+        statements.append("\n".join(current))
+    return statements

@@ -1,0 +1,60 @@
+"""Choosing a store from a URL."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+from .._clock import Clock
+from .._errors import ConfigError
+from ._base import Store
+
+
+def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True) -> Store:
+    """A (not yet opened) store for ``sqlite:///path.db`` or ``postgresql://...``.
+
+    ``sqlite:///durable.db`` is relative to the working directory,
+    ``sqlite:////var/lib/durable.db`` absolute. ``?synchronous=full`` makes SQLite fsync
+    every commit.
+    """
+    if not url:
+        raise ConfigError("no database given: pass --db sqlite:///durable.db or set DURABLE_DB")
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "sqlite":
+        from ._sqlite import SqliteStore
+
+        if not url.startswith("sqlite:///"):
+            raise ConfigError(
+                f"malformed SQLite URL {url!r}: write sqlite:///relative.db or "
+                "sqlite:////absolute/path.db"
+            )
+        rest = url[len("sqlite:///"):]
+        path, _, query = rest.partition("?")
+        if not path:
+            raise ConfigError(f"malformed SQLite URL {url!r}: no file name")
+        options = {k: v[-1] for k, v in parse_qs(query).items()}
+        unknown = set(options) - {"synchronous", "busy_timeout"}
+        if unknown:
+            raise ConfigError(f"unknown SQLite URL option(s): {', '.join(sorted(unknown))}")
+        try:
+            busy = float(options.get("busy_timeout", "5"))
+        except ValueError as exc:
+            raise ConfigError(f"busy_timeout must be seconds, got {options['busy_timeout']!r}") from exc
+        synchronous = options.get("synchronous", "normal")
+        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ConfigError(f"synchronous must be off, normal, full or extra, not {synchronous!r}")
+        return SqliteStore(path, clock=clock, synchronous=synchronous, busy_timeout=busy,
+                           create=create)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from ._postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise ConfigError(
+                "PostgreSQL needs the postgres extra: pip install 'durable[postgres]'"
+            ) from exc
+        store: Store = PostgresStore(url, clock=clock)
+        return store
+    parts = urlsplit(url)
+    raise ConfigError(
+        f"unsupported database URL scheme {parts.scheme or url!r}: use sqlite:///FILE "
+        "or postgresql://..."
+    )
