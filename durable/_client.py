@@ -146,7 +146,8 @@ class Client:
                     + ", ".join(s.value for s in RunState)) from None
         name = workflow.name if isinstance(workflow, Workflow) else workflow
         runs = await self.store.list_runs(state=state, workflow=name, key=key, limit=limit)
-        return [await self._recover(r) for r in runs]
+        recovered = [await self._recover(r) for r in runs]
+        return [r for r in recovered if state is None or r.state is state]
 
     async def journal(self, run_id: str) -> list[JournalEntry]:
         await self.get(run_id)

@@ -1,0 +1,207 @@
+"""Timeouts, cancels and lost leases cancel for real: into the in-flight HTTP request.
+
+The promise-race incident: a timeout that only stopped *waiting* let the abandoned task go on
+deleting and force-pushing. Here the server must see the connection close, and no code after
+the cancelled await, nor any later step, may run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+import durable
+from durable import RunState
+from durable._types import JSON, Fence, Renewal
+from durable.store._sqlite import SqliteStore
+
+from .helpers import kinds, poll, running_worker
+from .httpserver import Rule, loopback_server
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_activity_timeout_aborts_the_request_in_flight(
+        client: durable.Client, registry: durable.Registry) -> None:
+    after: list[str] = []
+    async with loopback_server() as server:
+        server.on("/push", Rule(hang=True))
+
+        @durable.activity(registry=registry, timeout=0.3, retry=durable.RetryPolicy(max_attempts=1))
+        async def force_push(ctx: durable.ActivityContext) -> None:
+            await ctx.http.post(f"{server.url}/push")
+            after.append("code after the request ran")
+
+        @durable.activity(registry=registry)
+        async def mark_vacant(ctx: durable.ActivityContext) -> None:
+            after.append("next step ran")
+
+        @durable.workflow("reset", registry=registry)
+        async def reset(ctx: durable.WorkflowContext) -> None:
+            await force_push(ctx)
+            await mark_vacant(ctx)
+
+        async with running_worker(client, registry):
+            await client.start("reset", id="t1")
+            done = await client.wait("t1")
+            [seen] = server.seen("/push")
+            await server.wait_for(lambda: seen.disconnected_at is not None)
+    assert after == []
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "timed out after 0.3 s" in done.error
+    assert seen.disconnected_at is not None
+    assert 0.25 <= seen.disconnected_at - seen.arrived < 2.0
+    journal = await client.journal("t1")
+    assert [e.name for e in journal if e.kind.value == "step_started"] == [force_push.name]
+
+
+async def test_operator_cancel_reaches_the_request_in_flight(
+        client: durable.Client, registry: durable.Registry) -> None:
+    after: list[str] = []
+    async with loopback_server() as server:
+        server.on("/delete", Rule(hang=True))
+
+        @durable.activity(registry=registry)
+        async def delete_volume(ctx: durable.ActivityContext) -> None:
+            await ctx.http.delete(f"{server.url}/delete")
+            after.append("after")
+
+        @durable.workflow("teardown", registry=registry)
+        async def teardown(ctx: durable.WorkflowContext) -> None:
+            try:
+                await delete_volume(ctx)
+            except Exception:  # a user's broad except must not swallow the cancel
+                after.append("except ran")
+            after.append("workflow went on")
+
+        async with running_worker(client, registry, lease=3.0):
+            await client.start("teardown", id="c1")
+            await server.wait_for(lambda: len(server.seen("/delete")) == 1)
+            await client.cancel("c1")
+            done = await client.wait("c1")
+            [seen] = server.seen("/delete")
+            await server.wait_for(lambda: seen.disconnected_at is not None)
+    assert done.state is RunState.CANCELLED
+    assert after == []
+    journal = await client.journal("c1")
+    assert "run_cancel_requested" in kinds(journal)
+    assert kinds(journal)[-2:] == ["step_in_doubt", "run_cancelled"]
+
+
+async def test_workflow_deadline_cancels_the_run(client: durable.Client,
+                                                 registry: durable.Registry) -> None:
+    async with loopback_server() as server:
+        server.on("/slow", Rule(hang=True))
+
+        @durable.activity(registry=registry)
+        async def slow(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{server.url}/slow")
+
+        @durable.workflow("bounded", registry=registry, timeout=0.3)
+        async def bounded(ctx: durable.WorkflowContext) -> None:
+            await slow(ctx)
+
+        async with running_worker(client, registry):
+            await client.start("bounded", id="w1")
+            done = await client.wait("w1")
+            [seen] = server.seen("/slow")
+            await server.wait_for(lambda: seen.disconnected_at is not None)
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "workflow timed out after 0.3 s" in done.error
+
+
+class RenewalsFail(SqliteStore):
+    """A real SQLite store whose lease renewals cannot reach the database (fault injection)."""
+
+    async def renew(self, worker: str, held: Sequence[Fence], lease: float,
+                    details: Mapping[str, JSON] | None = None) -> list[Renewal]:
+        raise durable.StoreUnavailableError("database unreachable (injected)")
+
+
+async def test_failed_renewals_cancel_the_attempt_before_the_lease_expires(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    store = RenewalsFail(str(tmp_path / "l.db"))
+    await store.open()
+    client = durable.Client(store, registry=registry)
+    try:
+        async with loopback_server() as server:
+            server.on("/push", Rule(hang=True))
+
+            @durable.activity(registry=registry)
+            async def push(ctx: durable.ActivityContext) -> None:
+                await ctx.http.post(f"{server.url}/push")
+
+            @durable.workflow("pushing", registry=registry)
+            async def pushing(ctx: durable.WorkflowContext) -> None:
+                await push(ctx)
+
+            async with running_worker(client, registry, lease=0.6):
+                await client.start("pushing", id="p1")
+                await server.wait_for(lambda: len(server.seen("/push")) == 1)
+                run = await store.get_run("p1")
+                assert run is not None and run.lease_expires_at is not None
+                [seen] = server.seen("/push")
+                await server.wait_for(lambda: seen.disconnected_at is not None)
+                # the in-flight call was aborted before anyone else could claim the run
+                assert seen.disconnected_at is not None
+                assert seen.disconnected_at < run.lease_expires_at
+                await poll(lambda: client.get("p1"), timeout=5)
+                recovered = await poll(
+                    lambda: _state_is(client, "p1", RunState.QUEUED), timeout=5)
+                assert recovered
+    finally:
+        await store.aclose()
+
+
+async def _state_is(client: durable.Client, run_id: str, state: RunState) -> bool:
+    return (await client.get(run_id)).state is state
+
+
+async def test_a_superseded_attempt_can_send_and_write_nothing(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """Code that outlives its lease (shielded, or in a thread) is refused at every door."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    takeover = anyio.Event()
+    outcome: dict[str, str] = {}
+    async with durable.Client.connect(url, registry=registry) as client, loopback_server() as server:
+
+        @durable.activity(registry=registry)
+        async def stubborn(ctx: durable.ActivityContext) -> None:
+            with anyio.CancelScope(shield=True):  # like code in a thread: not interruptible
+                await takeover.wait()
+                try:
+                    await ctx.http.post(f"{server.url}/after-takeover")
+                except durable.LeaseLostError:
+                    outcome["http"] = "refused"
+                try:
+                    await ctx.assert_still_mine()
+                except durable.LeaseLostError:
+                    outcome["assert"] = "refused"
+
+        @durable.workflow("stubborn", registry=registry)
+        async def wf(ctx: durable.WorkflowContext) -> None:
+            await stubborn(ctx)
+
+        await client.start("stubborn", id="s1")
+        [run] = await client.store.claim("worker-a", 0.3, 1)
+        attempt = durable.Attempt(client.store, run, registry, lease=0.3,
+                                  lease_sent_at=anyio.current_time())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt.execute)
+            # nobody renews worker-a's lease: wait for it to lapse, then take over
+            fences = await poll(lambda: client.store.recover_stale("s1", run.epoch), timeout=5)
+            assert fences
+            [newer] = await client.store.claim("worker-b", 30, 1)
+            assert newer.epoch > run.epoch
+            takeover.set()
+        assert outcome == {"http": "refused", "assert": "refused"}
+        assert server.seen("/after-takeover") == []
+        journal = await client.journal("s1")
+        late = [e for e in journal if e.epoch == run.epoch and e.seq > max(
+            x.seq for x in journal if x.kind.value == "run_recovered")]
+        assert late == []
+        final = await client.get("s1")
+        assert final.state is RunState.RUNNING and final.epoch == newer.epoch
