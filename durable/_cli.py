@@ -294,6 +294,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging(level="warning")
     return _dispatch(build_parser().parse_args(argv))
 
 

@@ -1,0 +1,115 @@
+"""Real worker processes: SIGKILL mid-run and resume; graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+import durable
+from durable import RunState
+
+from . import crashflows
+from .conftest import ROOT, subprocess_env
+from .helpers import kinds, poll, running_worker
+
+pytestmark = pytest.mark.anyio
+
+
+@contextmanager
+def worker_process(db_url: str, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable.worker", "--db", db_url, "--import",
+         "tests.crashflows", "--poll", "0.05", "--log-level", "warning", *extra],
+        cwd=ROOT, env=subprocess_env(), start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "log.txt", tmp_path / "gate"
+
+
+@pytest.mark.parametrize("workflow", ["crash.retry", "crash.fail"])
+async def test_sigkill_mid_run_then_another_worker_resumes(
+        db_url: str, files: tuple[Path, Path], workflow: str) -> None:
+    log, gate = files
+    async with durable.Client.connect(db_url) as client:
+        await client.start(workflow, str(log), str(gate), id="k1")
+        with worker_process(db_url, "--lease", "1") as proc:
+            await poll(lambda: "hold" in lines(log), timeout=20)
+            os.killpg(proc.pid, signal.SIGKILL)  # no finally, no exit hook runs
+            proc.wait(timeout=10)
+        assert lines(log) == ["one", "two", "hold"]
+        assert (await client.store.get_run("k1")).state is RunState.RUNNING  # type: ignore[union-attr]
+        gate.touch()
+        async with running_worker(client, durable.default_registry, lease=1.0,
+                                  sweep_interval=0.05):
+            done = await client.wait("k1", timeout=20)
+        journal = await client.journal("k1")
+        assert "run_recovered" in kinds(journal)
+        [doubt] = [e for e in journal if e.kind.value == "step_in_doubt"]
+        assert doubt.step == 3
+        if workflow == "crash.retry":
+            # completed steps did not run again; the idempotent in-doubt step did
+            assert done.state is RunState.COMPLETED and done.result == "three"
+            assert lines(log) == ["one", "two", "hold", "hold", "three"]
+        else:
+            assert done.state is RunState.FAILED
+            assert done.error is not None
+            assert "step 3 (crash.hold_once)" in done.error and "outcome is unknown" in done.error
+            assert lines(log) == ["one", "two", "hold"]
+            # the operator checked: it did take effect; count it as done and go on
+            await client.replay("k1", in_doubt="accept")
+            async with running_worker(client, durable.default_registry):
+                done = await client.wait("k1", timeout=20)
+            assert done.state is RunState.COMPLETED
+            assert lines(log) == ["one", "two", "hold", "three"]
+
+
+async def test_sigterm_releases_the_lease_for_an_immediate_resume(
+        db_url: str, files: tuple[Path, Path]) -> None:
+    log, gate = files
+    async with durable.Client.connect(db_url) as client:
+        await client.start("crash.retry", str(log), str(gate), id="g1")
+        with worker_process(db_url, "--lease", "600", "--grace", "0.2") as proc:
+            await poll(lambda: "hold" in lines(log), timeout=20)
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(15):
+                while proc.poll() is None:
+                    await anyio.sleep(0.02)
+            assert proc.returncode == 0
+        run = await client.get("g1")
+        # a 600 s lease, yet the run is back in the queue at once
+        assert run.state is RunState.QUEUED and run.lease_expires_at is None
+        journal = await client.journal("g1")
+        assert kinds(journal)[-2:] == ["step_in_doubt", "run_interrupted"]
+        gate.touch()
+        async with running_worker(client, durable.default_registry):
+            done = await client.wait("g1", timeout=20)
+        assert done.state is RunState.COMPLETED
+        assert lines(log) == ["one", "two", "hold", "hold", "three"]
+
+
+def test_crashflows_module_is_importable() -> None:
+    assert crashflows.crash_retry.name == "crash.retry"
