@@ -168,7 +168,8 @@ class Attempt:
             try:
                 self.history = History.fold(await self.store.journal(self.run.id))
                 wf = self.registry.workflow(self.run.workflow)
-                self.log.info("attempt_started", in_doubt=len(self.history.in_doubt(self.fence.epoch)))
+                doubtful = self.history.in_doubt(self.fence.epoch)
+                self.log.info("attempt_started", in_doubt=len(doubtful))
                 timeout = wf.timeout if self.run.timeout is None else self.run.timeout
                 deadline = math.inf if timeout is None else anyio.current_time() + timeout
                 with anyio.CancelScope(deadline=deadline) as wf_scope:

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import anyio
 import attrs
 
-from ._client import Client
+from ._client import Client, InDoubt
 from ._errors import ConfigError, DurableError
 from ._logging import configure_logging
 from ._registry import default_registry
@@ -147,7 +147,8 @@ async def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 async def _cmd_replay(args: argparse.Namespace) -> int:
-    policy = "rerun" if args.rerun_in_doubt else "accept" if args.accept_in_doubt else None
+    policy: InDoubt | None = (
+        "rerun" if args.rerun_in_doubt else "accept" if args.accept_in_doubt else None)
     async with Client.connect(args.db, create=False) as client:
         run = await client.replay(args.id, from_step=args.from_step, in_doubt=policy)
     print(f"{run.id} queued again (completed steps will not run again)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import uuid
 from collections.abc import AsyncIterator
@@ -136,7 +137,7 @@ class Client:
 
     async def list(self, *, state: RunState | str | None = None,
                    workflow: Workflow | str | None = None, key: str | None = None,
-                   limit: int = 100) -> list[Run]:
+                   limit: int = 100) -> builtins.list[Run]:
         if isinstance(state, str):
             try:
                 state = RunState(state)
@@ -149,7 +150,7 @@ class Client:
         recovered = [await self._recover(r) for r in runs]
         return [r for r in recovered if state is None or r.state is state]
 
-    async def journal(self, run_id: str) -> list[JournalEntry]:
+    async def journal(self, run_id: str) -> builtins.list[JournalEntry]:
         await self.get(run_id)
         return await self.store.journal(run_id)
 

@@ -136,7 +136,7 @@ def timeline_rows(run: Run, entries: Sequence[JournalEntry]) -> list[dict[str, J
             open_tries[key] = row
             rows.append(row)
             continue
-        row = open_tries.pop(key, None) or {}
+        row = open_tries.pop(key) if key in open_tries else {}
         if not row:
             row = {"seq": e.seq, "step": e.step, "key": e.step_key, "activity": e.name,
                    "attempt": e.attempt, "epoch": e.epoch, "start": e.at, "end": None,
@@ -175,8 +175,8 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
     if run.error:
         lines.append(f"error     {run.error}")
     lines.append("")
-    header = f"{'step':>4}  {'activity':<28} {'state':<18} {'try':>3} {'start':<23} {'took':>8}  error"
-    lines.append(header)
+    lines.append(f"{'step':>4}  {'activity':<28} {'state':<18} {'try':>3} {'start':<23} "
+                 f"{'took':>8}  error")
     for row in timeline_rows(run, entries):
         if "event" in row:
             if step is None:
@@ -197,7 +197,7 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
         if summary is not None and not err:
             err = f"({_short(summary)})"
         lines.append(
-            f"{row['step']!s:>4}  {str(row['activity'])[:28]:<28} {str(row['state']):<18} "
+            f"{row['step']!s:>4}  {str(row['activity'])[:28]:<28} {row['state']!s:<18} "
             f"{row['attempt']!s:>3} {_time(start):<23} {_duration(start, end):>8}  {err}"
         )
     if run.state in (RunState.FAILED, RunState.CANCELLED) and step is None:

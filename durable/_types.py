@@ -15,7 +15,7 @@ JSON = Any
 """A JSON value: None, bool, int, float, str, list or dict of JSON values."""
 
 
-class RunState(str, enum.Enum):
+class RunState(enum.StrEnum):
     """The state of a run."""
 
     QUEUED = "queued"
@@ -29,7 +29,7 @@ class RunState(str, enum.Enum):
         return self in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
-class StepState(str, enum.Enum):
+class StepState(enum.StrEnum):
     """The state of a step, derived from its journal entries."""
 
     STARTED = "started"
@@ -38,7 +38,7 @@ class StepState(str, enum.Enum):
     IN_DOUBT = "in_doubt"
 
 
-class EntryKind(str, enum.Enum):
+class EntryKind(enum.StrEnum):
     """Kinds of journal entries. The journal is append-only."""
 
     RUN_CREATED = "run_created"

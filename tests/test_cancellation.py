@@ -166,7 +166,10 @@ async def test_a_superseded_attempt_can_send_and_write_nothing(
     url = f"sqlite:///{tmp_path / 's.db'}"
     takeover = anyio.Event()
     outcome: dict[str, str] = {}
-    async with durable.Client.connect(url, registry=registry) as client, loopback_server() as server:
+    async with (
+        durable.Client.connect(url, registry=registry) as client,
+        loopback_server() as server,
+    ):
 
         @durable.activity(registry=registry)
         async def stubborn(ctx: durable.ActivityContext) -> None:

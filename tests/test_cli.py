@@ -13,7 +13,8 @@ import pytest
 from .conftest import ROOT, subprocess_env
 
 
-def cli(*args: str, db: str | None = None, module: str = "durable") -> subprocess.CompletedProcess[str]:
+def cli(*args: str, db: str | None = None,
+        module: str = "durable") -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", module, *args]
     if db is not None:
         cmd += ["--db", db]

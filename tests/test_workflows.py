@@ -110,7 +110,8 @@ async def test_non_retryable_error_fails_at_once(client: durable.Client,
         done = await client.wait(run.id)
     assert tries == [1]
     assert done.state is RunState.FAILED
-    assert done.error is not None and "step 1 (" in done.error and "the service said no" in done.error
+    assert done.error is not None and "step 1 (" in done.error
+    assert "the service said no" in done.error
 
 
 async def test_concurrency_key_runs_one_at_a_time(client: durable.Client,

@@ -38,10 +38,12 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True)
         try:
             busy = float(options.get("busy_timeout", "5"))
         except ValueError as exc:
-            raise ConfigError(f"busy_timeout must be seconds, got {options['busy_timeout']!r}") from exc
+            raise ConfigError(
+                f"busy_timeout must be seconds, got {options['busy_timeout']!r}") from exc
         synchronous = options.get("synchronous", "normal")
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-            raise ConfigError(f"synchronous must be off, normal, full or extra, not {synchronous!r}")
+            raise ConfigError(
+                f"synchronous must be off, normal, full or extra, not {synchronous!r}")
         return SqliteStore(path, clock=clock, synchronous=synchronous, busy_timeout=busy,
                            create=create)
     if scheme in ("postgresql", "postgres"):

@@ -1,0 +1,253 @@
+-- Named queries of the PostgreSQL store. Each claim and state change is one statement.
+-- Parameters are psycopg's %(name)s. Times are the store clock's, passed as %(now)s.
+-- A fenced statement holds only while the run is running under the attempt's epoch and its
+-- lease has not expired. Fence checks that do not update the run lock it (FOR NO KEY
+-- UPDATE), so a concurrent recovery or claim waits for them and then sees their writes:
+-- per run, journal writers are serialized and journal order is commit order.
+-- Journal entries of one call travel as parallel arrays (%(kinds)s, %(steps)s, ...) and are
+-- inserted in their order by one statement.
+
+-- name: insert_run
+WITH run AS (
+    INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt,
+                              run_at, created_at, updated_at, timeout)
+    VALUES (%(id)s, %(workflow)s, %(args)s, %(key)s, 'queued', 0, 0, %(run_at)s, %(now)s,
+            %(now)s, %(timeout)s)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING *
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+    SELECT id, 0, 'run_created', %(now)s, %(data)s FROM run
+)
+SELECT * FROM run;
+
+-- name: get_run
+SELECT * FROM durable_runs WHERE id = %(id)s;
+
+-- name: list_runs
+SELECT * FROM durable_runs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(key)s::text IS NULL OR concurrency_key = %(key)s::text)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: latest_run
+SELECT * FROM durable_runs
+WHERE workflow = %(workflow)s AND concurrency_key = %(key)s
+ORDER BY created_at DESC, id DESC
+LIMIT 1;
+
+-- name: next_run_at
+SELECT min(run_at) AS run_at FROM durable_runs WHERE state = 'queued';
+
+-- name: claim
+-- Candidates are locked with SKIP LOCKED, so competing workers take different runs without
+-- waiting for each other. A run with a concurrency key is a candidate only when no run of
+-- its key is running and it is the first queued run of its key; the unique index
+-- durable_runs_one_running_per_key settles the remaining races (the store treats its
+-- violation as "claimed nothing").
+WITH candidates AS (
+    SELECT r.id FROM durable_runs AS r
+    WHERE r.state = 'queued' AND r.run_at <= %(now)s
+      AND (%(run_id)s::text IS NULL OR r.id = %(run_id)s::text)
+      AND (r.concurrency_key IS NULL OR (
+            NOT EXISTS (SELECT 1 FROM durable_runs AS x
+                        WHERE x.concurrency_key = r.concurrency_key AND x.state = 'running')
+            AND r.id = (SELECT y.id FROM durable_runs AS y
+                        WHERE y.concurrency_key = r.concurrency_key
+                          AND y.state = 'queued' AND y.run_at <= %(now)s
+                        ORDER BY y.run_at, y.created_at, y.id LIMIT 1)))
+    ORDER BY r.run_at, r.created_at, r.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE durable_runs AS d
+    SET state = 'running',
+        epoch = nextval('durable_epochs'),
+        attempt = d.attempt + 1,
+        worker = %(worker)s,
+        lease_expires_at = %(now)s + %(lease)s,
+        heartbeat_at = %(now)s,
+        updated_at = %(now)s
+    FROM candidates AS c
+    WHERE d.id = c.id AND d.state = 'queued'
+    RETURNING d.*
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, attempt, at, data)
+    SELECT id, epoch, 'run_claimed', attempt, %(now)s, %(data)s FROM claimed
+)
+SELECT * FROM claimed ORDER BY run_at, created_at, id;
+
+-- name: renew
+UPDATE durable_runs AS d
+SET lease_expires_at = %(now)s + %(lease)s,
+    heartbeat_at = %(now)s,
+    heartbeat_detail = coalesce(%(details)s::jsonb ->> d.id, d.heartbeat_detail)
+FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS h(id, epoch)
+WHERE d.id = h.id AND d.epoch = h.epoch
+  AND d.state = 'running' AND d.worker = %(worker)s AND d.lease_expires_at > %(now)s
+RETURNING d.id, d.epoch, d.cancel_requested;
+
+-- name: append_entries
+WITH fence AS (
+    SELECT id, epoch FROM durable_runs
+    WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
+      AND lease_expires_at > %(now)s
+    FOR NO KEY UPDATE
+)
+INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+SELECT fence.id, fence.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s, e.data
+FROM fence
+CROSS JOIN unnest(%(kinds)s::text[], %(steps)s::integer[], %(step_keys)s::text[],
+                  %(names)s::text[], %(attempts)s::integer[], %(datas)s::text[])
+     WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
+ORDER BY e.ord;
+
+-- name: finish_run
+WITH run AS (
+    UPDATE durable_runs
+    SET state = %(state)s, result = %(result)s, error = %(error)s, updated_at = %(now)s,
+        worker = NULL, lease_expires_at = NULL
+    WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
+      AND lease_expires_at > %(now)s
+    RETURNING id, epoch
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+    SELECT run.id, run.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s, e.data
+    FROM run
+    CROSS JOIN unnest(%(kinds)s::text[], %(steps)s::integer[], %(step_keys)s::text[],
+                      %(names)s::text[], %(attempts)s::integer[], %(datas)s::text[])
+         WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
+    ORDER BY e.ord
+)
+SELECT count(*) AS done FROM run;
+
+-- name: release_run
+WITH run AS (
+    UPDATE durable_runs
+    SET state = 'queued', worker = NULL, lease_expires_at = NULL, run_at = %(now)s,
+        updated_at = %(now)s
+    WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
+      AND lease_expires_at > %(now)s
+    RETURNING id, epoch
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+    SELECT run.id, run.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s, e.data
+    FROM run
+    CROSS JOIN unnest(%(kinds)s::text[], %(steps)s::integer[], %(step_keys)s::text[],
+                      %(names)s::text[], %(attempts)s::integer[], %(datas)s::text[])
+         WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
+    ORDER BY e.ord
+)
+SELECT count(*) AS done FROM run;
+
+-- name: recover_stale
+-- A compare-and-set per run: the expired runs are locked with SKIP LOCKED, so a second
+-- concurrent recovery skips them (or, once the first committed, no longer finds them
+-- running) and recovers nothing. The run_recovered entry is written by the same statement.
+WITH stale AS (
+    SELECT id, epoch, worker, lease_expires_at, heartbeat_at FROM durable_runs
+    WHERE state = 'running' AND lease_expires_at <= %(now)s
+      AND (%(run_id)s::text IS NULL OR (id = %(run_id)s::text AND epoch = %(epoch)s::bigint))
+    FOR NO KEY UPDATE SKIP LOCKED
+), recovered AS (
+    UPDATE durable_runs AS d
+    SET state = 'queued', worker = NULL, lease_expires_at = NULL, run_at = %(now)s,
+        updated_at = %(now)s
+    FROM stale
+    WHERE d.id = stale.id AND d.state = 'running'
+    RETURNING d.id, d.epoch, stale.worker, stale.lease_expires_at, stale.heartbeat_at
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+    SELECT id, epoch, 'run_recovered', %(now)s,
+           json_build_object('lease_expired_at', lease_expires_at, 'worker', worker,
+                             'last_heartbeat_at', heartbeat_at)::text
+    FROM recovered
+)
+SELECT id, epoch FROM recovered ORDER BY id;
+
+-- name: journal
+SELECT * FROM durable_journal WHERE run_id = %(run_id)s AND seq > %(after)s ORDER BY seq;
+
+-- name: cancel_queued
+WITH run AS (
+    UPDATE durable_runs
+    SET state = 'cancelled', error = 'cancelled before it started', updated_at = %(now)s
+    WHERE id = %(run_id)s AND state = 'queued'
+    RETURNING *
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+    SELECT id, epoch, 'run_cancelled', %(now)s, %(data)s FROM run
+)
+SELECT * FROM run;
+
+-- name: cancel_running
+WITH run AS (
+    UPDATE durable_runs
+    SET cancel_requested = true, updated_at = %(now)s
+    WHERE id = %(run_id)s AND state = 'running'
+    RETURNING *
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+    SELECT id, epoch, 'run_cancel_requested', %(now)s, %(data)s FROM run
+)
+SELECT * FROM run;
+
+-- name: requeue
+WITH run AS (
+    UPDATE durable_runs
+    SET state = 'queued', run_at = %(now)s, updated_at = %(now)s, cancel_requested = false,
+        result = NULL, error = NULL
+    WHERE id = %(run_id)s AND state IN ('failed', 'cancelled')
+    RETURNING *
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+    SELECT id, epoch, 'run_replayed', %(now)s, %(data)s FROM run
+)
+SELECT * FROM run;
+
+-- name: put_records
+-- Fenced: nothing is written unless the fence holds; a record already written by a newer
+-- epoch is not overwritten (the store then rolls the whole call back).
+WITH fence AS (
+    SELECT id, epoch FROM durable_runs
+    WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
+      AND lease_expires_at > %(now)s
+    FOR NO KEY UPDATE
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+    SELECT fence.id, fence.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s,
+           e.data
+    FROM fence
+    CROSS JOIN unnest(%(kinds)s::text[], %(steps)s::integer[], %(step_keys)s::text[],
+                      %(names)s::text[], %(attempts)s::integer[], %(datas)s::text[])
+         WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
+    ORDER BY e.ord
+    RETURNING 1
+), written AS (
+    INSERT INTO durable_records (namespace, key, value, epoch, updated_at)
+    SELECT r.namespace, r.key, r.value, fence.epoch, %(now)s
+    FROM fence
+    CROSS JOIN unnest(%(namespaces)s::text[], %(keys)s::text[], %(values)s::text[])
+         AS r(namespace, key, value)
+    ON CONFLICT (namespace, key) DO UPDATE
+    SET value = excluded.value, epoch = excluded.epoch, updated_at = excluded.updated_at
+    WHERE excluded.epoch >= durable_records.epoch
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM journaled) AS entries, (SELECT count(*) FROM written) AS records;
+
+-- name: put_records_unfenced
+INSERT INTO durable_records (namespace, key, value, epoch, updated_at)
+SELECT r.namespace, r.key, r.value, 0, %(now)s
+FROM unnest(%(namespaces)s::text[], %(keys)s::text[], %(values)s::text[])
+     AS r(namespace, key, value)
+ON CONFLICT (namespace, key) DO UPDATE
+SET value = excluded.value, updated_at = excluded.updated_at;
+
+-- name: get_record
+SELECT * FROM durable_records WHERE namespace = %(namespace)s AND key = %(key)s;
+
+-- name: list_records
+SELECT * FROM durable_records WHERE namespace = %(namespace)s ORDER BY key;
