@@ -79,7 +79,7 @@ class History:
             step.ended_at = None
             step.error = None
         elif kind is EntryKind.STEP_RETRYING:
-            step.state = StepState.STARTED
+            step.state = None  # that try failed for sure; the next try has not started
             step.error = data.get("error")
             step.error_type = data.get("error_type")
         elif kind is EntryKind.STEP_COMPLETED or kind is EntryKind.VALUE:

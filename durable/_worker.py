@@ -122,7 +122,9 @@ class Worker:
             if free > 0:
                 sent = anyio.current_time()
                 try:
-                    claimed = await self.store.claim(self.worker_id, self.lease, free)
+                    claimed = await self.store.claim(
+                        self.worker_id, self.lease, free,
+                        workflows=sorted(self.registry.workflows))
                     failures = 0
                 except StoreError as exc:
                     failures += 1

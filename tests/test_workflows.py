@@ -248,3 +248,22 @@ async def test_activity_outside_a_workflow_is_a_plain_call(registry: durable.Reg
         return 2 * x
 
     assert await double(durable.ActivityContext.standalone(), 21) == 42
+
+
+async def test_a_worker_claims_only_workflows_it_knows(client: durable.Client,
+                                                       registry: durable.Registry) -> None:
+    @durable.workflow("known", registry=registry)
+    async def known(ctx: durable.WorkflowContext) -> str:
+        return "ok"
+
+    other = durable.Registry()
+
+    @durable.workflow("elsewhere", registry=other)
+    async def elsewhere(ctx: durable.WorkflowContext) -> str:
+        return "ok"
+
+    await client.start(elsewhere, id="e1")
+    async with running_worker(client, registry):
+        await client.start("known", id="k1")
+        assert (await client.wait("k1")).state is RunState.COMPLETED
+        assert (await client.get("e1")).state is RunState.QUEUED

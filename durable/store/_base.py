@@ -83,12 +83,18 @@ class Store(abc.ABC):
     # -- attempts ----------------------------------------------------------------------------
     @abc.abstractmethod
     async def claim(
-        self, worker: str, lease: float, limit: int, run_id: str | None = None
+        self,
+        worker: str,
+        lease: float,
+        limit: int,
+        run_id: str | None = None,
+        workflows: Sequence[str] | None = None,
     ) -> list[Run]:
         """Move up to ``limit`` runnable runs to running with a new epoch, in one statement.
 
         A run is runnable when queued, due, and no other run with its concurrency key is
-        running. Finished runs are never claimed.
+        running. Finished runs are never claimed. With ``workflows``, only runs of those
+        workflows (a worker never claims a run it cannot execute).
         """
 
     @abc.abstractmethod

@@ -255,11 +255,17 @@ class SqliteStore(Store):
 
     # -- attempts ----------------------------------------------------------------------------
     async def claim(
-        self, worker: str, lease: float, limit: int, run_id: str | None = None
+        self,
+        worker: str,
+        lease: float,
+        limit: int,
+        run_id: str | None = None,
+        workflows: Sequence[str] | None = None,
     ) -> list[Run]:
         now = self.clock.now()
         params = {"worker": worker, "lease": lease, "limit": limit, "run_id": run_id,
-                  "now": now}
+                  "now": now,
+                  "workflows": None if workflows is None else json.dumps(list(workflows))}
 
         def tx(conn: sqlite3.Connection) -> list[Run]:
             runs = [Run.from_row(r) for r in conn.execute(Q["claim"], params).fetchall()]

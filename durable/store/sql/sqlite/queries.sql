@@ -40,6 +40,7 @@ WHERE state = 'queued'
     SELECT r.id FROM durable_runs AS r
     WHERE r.state = 'queued' AND r.run_at <= :now
       AND (:run_id IS NULL OR r.id = :run_id)
+      AND (:workflows IS NULL OR r.workflow IN (SELECT value FROM json_each(:workflows)))
       AND (r.concurrency_key IS NULL OR (
             NOT EXISTS (SELECT 1 FROM durable_runs AS x
                         WHERE x.concurrency_key = r.concurrency_key AND x.state = 'running')

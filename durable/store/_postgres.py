@@ -1,0 +1,547 @@
+"""The PostgreSQL store: for several machines sharing one database.
+
+Driver: psycopg 3's async API with a ``psycopg_pool.AsyncConnectionPool`` (see
+docs/postgres.md for why not asyncpg). psycopg's async driver needs an asyncio event loop,
+so this store runs on asyncio only; :meth:`PostgresStore.open` says so clearly on trio.
+
+URL: ``postgresql://user:password@host:5432/dbname?schema=NAME``. ``schema`` (default
+``public``) is this store's own option and is removed before connecting; every other query
+option goes to libpq (``sslmode``, ``connect_timeout``, ...). The store creates the schema if
+needed and sets the connections' ``search_path`` to it, so several independent stores (or
+test runs) can share one database.
+
+Semantics are those of the SQLite store, statement for statement: every claim and state
+change is one conditional statement (writable CTEs write the journal entry with it), fenced
+writes hold only while the run is running under the epoch with an unexpired lease, claims
+lock their candidates with ``FOR UPDATE SKIP LOCKED`` so workers compete without blocking,
+and epochs come from one sequence, so fencing tokens are globally monotonic and distinct.
+
+Time: like the SQLite store, every statement is given the store clock's ``now()`` (an
+injected :class:`durable.testing.FakeClock` works the same on both). Leases are written by
+one host's clock and judged by another's, so the hosts of a multi-host deployment must keep
+their clocks in sync (NTP keeps them within milliseconds; leases are tens of seconds). A
+host whose clock runs ahead recovers runs early, one whose clock lags keeps writing a little
+after its lease ended; size leases well above the worst skew you allow.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import anyio
+import psycopg
+import sniffio
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+
+from .._clock import Clock, WallClock
+from .._errors import ConfigError, SchemaVersionError, StoreError, StoreUnavailableError
+from .._types import (
+    JSON,
+    EntryKind,
+    Fence,
+    JournalEntry,
+    JournalWrite,
+    NewRun,
+    Record,
+    Renewal,
+    Run,
+    RunState,
+    dumps,
+    loads,
+)
+from ._base import SCHEMA_VERSION, Store
+from ._sql import load_migrations, load_queries
+
+Q = load_queries("postgres")
+
+CHANNEL = "durable_work"
+"""The NOTIFY channel; the payload is the schema of the store that has work."""
+
+POOL_TIMEOUT = 10.0
+"""Seconds to wait for a pooled connection before the store counts as unavailable."""
+
+TRIO_MESSAGE = (
+    "the PostgreSQL store runs on asyncio only (psycopg's async driver needs an asyncio "
+    "loop); run the worker with --backend asyncio"
+)
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_UNIQUE_ONE_RUNNING = "durable_runs_one_running_per_key"
+# SQLSTATEs that mean the server cannot be reached or is going away.
+_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+Conn = psycopg.AsyncConnection[DictRow]
+
+
+class PostgresStore(Store):
+    """A store in a PostgreSQL schema, shared by any number of workers on any hosts."""
+
+    def __init__(self, url: str, *, clock: Clock | None = None, pool_size: int = 10) -> None:
+        if pool_size < 1:
+            raise ConfigError(f"pool_size must be at least 1, got {pool_size}")
+        self._conninfo, self.schema, self.url, self._password = _parse_url(url)
+        self.clock = clock or WallClock()
+        self.pool_size = pool_size
+        self._pool: AsyncConnectionPool[Conn] | None = None
+        self._listener: psycopg.AsyncConnection[Any] | None = None
+        self._listen_lock: anyio.Lock | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def open(self) -> None:
+        try:
+            library: str | None = sniffio.current_async_library()
+        except sniffio.AsyncLibraryNotFoundError:
+            library = None
+        if library != "asyncio":
+            raise ConfigError(TRIO_MESSAGE)
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._conninfo, row_factory=dict_row)
+        except psycopg.Error as exc:
+            raise self._translate(exc) from exc
+        try:
+            await self._migrate(conn)
+        except psycopg.Error as exc:
+            raise self._translate(exc) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+        pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+            self._conninfo,
+            connection_class=psycopg.AsyncConnection[DictRow],
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            min_size=1,
+            max_size=self.pool_size,
+            open=False,
+            timeout=POOL_TIMEOUT,
+            name=f"durable:{self.schema}",
+        )
+        try:
+            await pool.open(wait=True, timeout=POOL_TIMEOUT)
+        except (psycopg.Error, PoolTimeout) as exc:
+            with anyio.CancelScope(shield=True):
+                await pool.close()
+            raise self._translate(exc) from exc
+        self._pool = pool
+        self._listen_lock = anyio.Lock()
+
+    async def aclose(self) -> None:
+        pool, self._pool = self._pool, None
+        listener, self._listener = self._listener, None
+        with anyio.CancelScope(shield=True):
+            if listener is not None:
+                await listener.close()
+            if pool is not None:
+                await pool.close()
+
+    async def _migrate(self, conn: Conn) -> None:
+        """Create or upgrade the schema in one transaction, under an advisory lock."""
+        async with conn.transaction():
+            # Two processes opening a new database at once: the second waits here, then
+            # finds the schema up to date.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"durable.migrate.{self.schema}",),
+            )
+            await conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+            )
+            version = await self._read_version(conn)
+            if version > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"the database {self.url} has schema version {version}, newer than this "
+                    f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
+                )
+            for number, script in load_migrations("postgres"):
+                if number <= version:
+                    continue
+                await conn.execute(script)
+                await conn.execute(
+                    "INSERT INTO durable_meta (key, value) VALUES ('schema_version', %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (str(number),),
+                )
+                version = number
+
+    @staticmethod
+    async def _read_version(conn: Conn) -> int:
+        cur = await conn.execute("SELECT to_regclass('durable_meta') IS NOT NULL AS present")
+        row = await cur.fetchone()
+        if row is None or not row["present"]:
+            return 0
+        cur = await conn.execute("SELECT value FROM durable_meta WHERE key = 'schema_version'")
+        row = await cur.fetchone()
+        return int(row["value"]) if row else 0
+
+    async def schema_version(self) -> int:
+        async with self._connection() as conn:
+            return await self._read_version(conn)
+
+    # -- plumbing ----------------------------------------------------------------------------
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection (autocommit); driver errors become StoreErrors here."""
+        pool = self._pool
+        if pool is None:
+            raise StoreError("the store is not open")
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+            raise self._translate(exc) from exc
+
+    async def _rows(self, query: str, params: Mapping[str, Any]) -> list[DictRow]:
+        async with self._connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
+
+    async def _row(self, query: str, params: Mapping[str, Any]) -> DictRow | None:
+        rows = await self._rows(query, params)
+        return rows[0] if rows else None
+
+    def _translate(self, exc: Exception) -> StoreError:
+        """The one place where driver errors become durable's, without the password."""
+        if isinstance(exc, PoolClosed):
+            return StoreError("the store is closed")
+        if isinstance(exc, PoolTimeout):
+            return StoreUnavailableError(
+                f"PostgreSQL at {self.url}: no connection within {POOL_TIMEOUT:g} s (the "
+                f"server is unreachable, or all {self.pool_size} pooled connections are busy)"
+            )
+        message = " ".join(str(exc).split())
+        if self._password:
+            message = message.replace(self._password, "***")
+        if isinstance(exc, psycopg.OperationalError) and (
+            exc.sqlstate is None
+            or exc.sqlstate.startswith("08")
+            or exc.sqlstate in _UNAVAILABLE_STATES
+        ):
+            return StoreUnavailableError(f"cannot reach PostgreSQL at {self.url}: {message}")
+        return StoreError(f"PostgreSQL at {self.url}: {message}")
+
+    # -- runs --------------------------------------------------------------------------------
+    async def create_run(self, new: NewRun) -> tuple[Run, bool]:
+        data = {"workflow": new.workflow, "args": new.args, "key": new.key,
+                "run_at": new.run_at}
+        params = {
+            "id": new.id,
+            "workflow": new.workflow,
+            "args": dumps(new.args, "workflow arguments"),
+            "key": new.key,
+            "run_at": new.run_at,
+            "timeout": new.timeout,
+            "now": self.clock.now(),
+            "data": dumps(data, "journal data"),
+        }
+        row = await self._row(Q["insert_run"], params)
+        if row is not None:
+            return Run.from_row(row), True
+        # The id exists (maybe committed by a concurrent call this statement waited for):
+        # read it with a fresh snapshot.
+        existing = await self._row(Q["get_run"], {"id": new.id})
+        if existing is None:
+            raise StoreError(f"run {new.id} was neither created nor found")
+        return Run.from_row(existing), False
+
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self._row(Q["get_run"], {"id": run_id})
+        return None if row is None else Run.from_row(row)
+
+    async def list_runs(
+        self,
+        *,
+        state: RunState | None = None,
+        workflow: str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+    ) -> list[Run]:
+        params = {
+            "state": None if state is None else state.value,
+            "workflow": workflow,
+            "key": key,
+            "limit": limit,
+        }
+        return [Run.from_row(r) for r in await self._rows(Q["list_runs"], params)]
+
+    async def latest_run(self, workflow: str, key: str) -> Run | None:
+        row = await self._row(Q["latest_run"], {"workflow": workflow, "key": key})
+        return None if row is None else Run.from_row(row)
+
+    async def next_run_at(self) -> float | None:
+        row = await self._row(Q["next_run_at"], {})
+        return None if row is None or row["run_at"] is None else float(row["run_at"])
+
+    # -- attempts ----------------------------------------------------------------------------
+    async def claim(
+        self, worker: str, lease: float, limit: int, run_id: str | None = None
+    ) -> list[Run]:
+        params = {"worker": worker, "lease": lease, "limit": limit, "run_id": run_id,
+                  "now": self.clock.now(), "data": dumps({"worker": worker})}
+        async with self._connection() as conn:
+            try:
+                cur = await conn.execute(Q["claim"], params)
+            except psycopg.errors.UniqueViolation as exc:
+                if exc.diag.constraint_name != _UNIQUE_ONE_RUNNING:
+                    raise
+                # Another worker claimed a run of the same key at the same moment: this
+                # statement claimed nothing; the next poll tries again.
+                return []
+            rows = await cur.fetchall()
+        return [Run.from_row(r) for r in rows]
+
+    async def renew(
+        self,
+        worker: str,
+        held: Sequence[Fence],
+        lease: float,
+        details: Mapping[str, JSON] | None = None,
+    ) -> list[Renewal]:
+        if not held:
+            return []
+        params = {
+            "worker": worker,
+            "lease": lease,
+            "now": self.clock.now(),
+            "ids": [f.run_id for f in held],
+            "epochs": [f.epoch for f in held],
+            "details": dumps({k: dumps(v) for k, v in (details or {}).items()}),
+        }
+        return [
+            Renewal(r["id"], int(r["epoch"]), bool(r["cancel_requested"]))
+            for r in await self._rows(Q["renew"], params)
+        ]
+
+    async def append(self, fence: Fence, entries: Sequence[JournalWrite]) -> bool:
+        if not entries:
+            return True
+        params = _fence_params(fence, self.clock.now()) | _entry_arrays(entries)
+        async with self._connection() as conn:
+            cur = await conn.execute(Q["append_entries"], params)
+            return cur.rowcount == len(entries)
+
+    async def finish(
+        self,
+        fence: Fence,
+        state: RunState,
+        *,
+        result: JSON = None,
+        error: str | None = None,
+        entries: Sequence[JournalWrite] = (),
+    ) -> bool:
+        params = _fence_params(fence, self.clock.now()) | _entry_arrays(entries) | {
+            "state": state.value,
+            "result": dumps(result, "workflow result"),
+            "error": error,
+        }
+        row = await self._row(Q["finish_run"], params)
+        return row is not None and row["done"] == 1
+
+    async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
+        params = _fence_params(fence, self.clock.now()) | _entry_arrays(entries)
+        row = await self._row(Q["release_run"], params)
+        return row is not None and row["done"] == 1
+
+    async def recover_stale(
+        self, run_id: str | None = None, epoch: int | None = None
+    ) -> list[Fence]:
+        params = {"run_id": run_id, "epoch": epoch, "now": self.clock.now()}
+        return [Fence(r["id"], int(r["epoch"]))
+                for r in await self._rows(Q["recover_stale"], params)]
+
+    async def journal(self, run_id: str, after: int = 0) -> list[JournalEntry]:
+        rows = await self._rows(Q["journal"], {"run_id": run_id, "after": after})
+        return [JournalEntry.from_row(r) for r in rows]
+
+    # -- operator actions ---------------------------------------------------------------------
+    async def request_cancel(self, run_id: str) -> Run | None:
+        params = {"run_id": run_id, "now": self.clock.now(), "data": dumps({"by": "operator"})}
+        row = await self._row(Q["cancel_queued"], params)
+        if row is None:
+            row = await self._row(Q["cancel_running"], params)
+        return None if row is None else Run.from_row(row)
+
+    async def requeue(
+        self, run_id: str, replay_from: int | None, doubt_policy: str | None
+    ) -> Run | None:
+        params = {"run_id": run_id, "now": self.clock.now(),
+                  "data": dumps({"from_step": replay_from, "in_doubt": doubt_policy})}
+        row = await self._row(Q["requeue"], params)
+        return None if row is None else Run.from_row(row)
+
+    # -- records -----------------------------------------------------------------------------
+    async def put_records(
+        self,
+        fence: Fence | None,
+        records: Sequence[tuple[str, str, JSON]],
+        entries: Sequence[JournalWrite] = (),
+    ) -> bool:
+        now = self.clock.now()
+        # One row per key (the last value wins), as if written one after the other.
+        latest = {(ns, key): dumps(value, "record value") for ns, key, value in records}
+        arrays = {
+            "namespaces": [ns for ns, _ in latest],
+            "keys": [key for _, key in latest],
+            "values": list(latest.values()),
+        }
+        if fence is None:
+            if latest:
+                async with self._connection() as conn:
+                    await conn.execute(Q["put_records_unfenced"], arrays | {"now": now})
+            return True
+        if not latest and not entries:
+            return True
+        params = _fence_params(fence, now) | _entry_arrays(entries) | arrays
+        try:
+            async with self._connection() as conn, conn.transaction():
+                cur = await conn.execute(Q["put_records"], params)
+                row = await cur.fetchone()
+                if row is None or (row["entries"], row["records"]) != (len(entries), len(latest)):
+                    raise _Fenced
+        except _Fenced:
+            return False
+        return True
+
+    async def get_record(self, namespace: str, key: str) -> Record | None:
+        row = await self._row(Q["get_record"], {"namespace": namespace, "key": key})
+        return None if row is None else _record(row)
+
+    async def list_records(self, namespace: str) -> list[Record]:
+        return [_record(r) for r in await self._rows(Q["list_records"], {"namespace": namespace})]
+
+    # -- waking idle workers -------------------------------------------------------------------
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when work may be waiting, or after ``timeout`` seconds at the latest.
+
+        Work is a run queued (created, requeued, released, recovered), a cancel requested,
+        or a run with a concurrency key ending: the database sends NOTIFY on
+        ``durable_work`` when such a change commits. The first call (and the first after
+        the listening connection was lost) subscribes on a dedicated connection and
+        returns at once, so a caller that polls after every return misses nothing.
+        Notifications that arrive while nobody waits are kept, and one return consumes
+        all that are pending. Never raises for a lost connection: it waits out the timeout
+        and subscribes again on the next call (plain polling meanwhile).
+
+        Meant for one waiting task per store (the worker's); concurrent callers take turns.
+        """
+        lock = self._listen_lock
+        if self._pool is None or lock is None:
+            raise StoreError("the store is not open")
+        with anyio.move_on_after(timeout):
+            async with lock:
+                listener = self._listener
+                if listener is None or listener.closed:
+                    self._listener = await self._subscribe()
+                    if self._listener is not None:
+                        return
+                else:
+                    try:
+                        await self._next_notification(listener, timeout)
+                        return
+                    except psycopg.Error:
+                        self._listener = None
+                        with anyio.CancelScope(shield=True):
+                            await listener.close()
+                await anyio.sleep_forever()  # unreachable server: wait out the timeout
+
+    async def _subscribe(self) -> psycopg.AsyncConnection[Any] | None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        except psycopg.Error:
+            return None
+        try:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+            if isinstance(exc, psycopg.Error):
+                return None
+            raise
+        return conn
+
+    async def _next_notification(
+        self, conn: psycopg.AsyncConnection[Any], timeout: float
+    ) -> None:
+        async with aclosing(conn.notifies(timeout=timeout)) as notifies:
+            async for notify in notifies:
+                if notify.payload == self.schema:
+                    break
+        # Consume what else has already arrived: one wake-up covers it.
+        async with aclosing(conn.notifies(timeout=0)) as pending:
+            async for _ in pending:
+                pass
+
+
+class _Fenced(Exception):
+    """Raised inside a transaction whose fence failed, to roll it back."""
+
+
+def _fence_params(fence: Fence, now: float) -> dict[str, Any]:
+    return {"run_id": fence.run_id, "epoch": fence.epoch, "now": now}
+
+
+def _entry_arrays(entries: Sequence[JournalWrite]) -> dict[str, list[Any]]:
+    """Journal entries as the parallel arrays the queries unnest, in order."""
+    return {
+        "kinds": [e.kind.value for e in entries],
+        "steps": [e.step for e in entries],
+        "step_keys": [e.step_key for e in entries],
+        "names": [e.name for e in entries],
+        "attempts": [e.attempt for e in entries],
+        "datas": [None if e.data is None else dumps(dict(e.data), "journal data")
+                  for e in entries],
+    }
+
+
+def _record(row: Mapping[str, Any]) -> Record:
+    return Record(row["namespace"], row["key"], loads(row["value"]), int(row["epoch"]),
+                  float(row["updated_at"]))
+
+
+def _parse_url(url: str) -> tuple[str, str, str, str | None]:
+    """(libpq conninfo, schema, URL safe to show, password) from a postgresql:// URL."""
+    parts = urlsplit(url)
+    options = parse_qsl(parts.query, keep_blank_values=True)
+    schema = "public"
+    rest: list[tuple[str, str]] = []
+    for name, value in options:
+        if name == "schema":
+            schema = value
+        else:
+            rest.append((name, value))
+    if not _SCHEMA_NAME.fullmatch(schema):
+        raise ConfigError(
+            f"schema must be a lowercase SQL name (letters, digits, _; at most 63), "
+            f"not {schema!r}"
+        )
+    password = parts.password or dict(rest).get("password") or None
+    shown_rest = [(k, "***" if k == "password" else v) for k, v in rest]
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hosts = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
+    shown = urlunsplit(parts._replace(netloc=netloc, query=urlencode(
+        [*shown_rest, *([("schema", schema)] if schema != "public" else [])])))
+    stripped = urlunsplit(parts._replace(query=urlencode(rest)))
+    try:
+        params = conninfo_to_dict(stripped)
+    except psycopg.Error as exc:
+        message = " ".join(str(exc).split())
+        if password:
+            message = message.replace(password, "***")
+        raise ConfigError(f"malformed PostgreSQL URL {shown}: {message}") from exc
+    search_path = f"-c search_path={schema}"
+    extra: dict[str, Any] = {
+        "options": f"{params['options']} {search_path}" if params.get("options")
+        else search_path,
+    }
+    if not params.get("connect_timeout"):
+        extra["connect_timeout"] = 10
+    if not params.get("application_name"):
+        extra["application_name"] = "durable"
+    return make_conninfo(stripped, **extra), schema, shown, password
