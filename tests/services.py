@@ -30,6 +30,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fake_services.py"
 DEFAULT_TOKEN = "test-token"
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
+POLL_LIMIT = 5.0
+POLL_INTERVAL = 0.01
 
 Entry = dict[str, Any]
 
@@ -135,16 +137,17 @@ class FakeServices:
         return self.git_root / workspace / f"{slug}.git"
 
     # waiting ----------------------------------------------------------------
-    async def wait_for_entry(
-        self, predicate: Callable[[Entry], bool], *, timeout: float = 5.0, interval: float = 0.01
-    ) -> Entry:
-        """Poll the ledger until an entry satisfies ``predicate``; fail after ``timeout``."""
-        with anyio.fail_after(timeout):
+    async def wait_for_entry(self, predicate: Callable[[Entry], bool]) -> Entry:
+        """Poll the ledger until an entry satisfies ``predicate``, for at most POLL_LIMIT s.
+
+        Wrap the call in ``anyio.fail_after`` for a tighter bound.
+        """
+        with anyio.fail_after(POLL_LIMIT):
             while True:
                 for entry in self.ledger():
                     if predicate(entry):
                         return entry
-                await anyio.sleep(interval)
+                await anyio.sleep(POLL_INTERVAL)
 
     async def wait_until_ended(self, seq: int | None = None, **filters: Any) -> Entry:
         """The first entry matching ``seq``/filters once its ``ended_at`` is set."""
@@ -179,8 +182,16 @@ def start_process(
     ready_file.unlink(missing_ok=True)
     env = {**os.environ, "FAKE_SERVICES_TOKEN": token}  # keeps the token out of argv
     process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--port", "0", "--git-root", str(git_root),
-         "--ready-file", str(ready_file)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--port",
+            "0",
+            "--git-root",
+            str(git_root),
+            "--ready-file",
+            str(ready_file),
+        ],
         env=env,
         start_new_session=True,
         stdin=subprocess.DEVNULL,

@@ -1,0 +1,1 @@
+"""Implementation of ``scripts/fake_services.py`` (see its docstring for the API)."""
