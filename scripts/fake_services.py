@@ -76,13 +76,14 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.types import Receive, Scope, Send
 
 if __package__:  # imported as scripts.fake_services
-    from ._fakes.front import Front, Receive, Scope, Send
+    from ._fakes.front import Front
     from ._fakes.handlers import routes
     from ._fakes.state import ServiceState
 else:  # run as a script: its directory is on sys.path
-    from _fakes.front import Front, Receive, Scope, Send
+    from _fakes.front import Front
     from _fakes.handlers import routes
     from _fakes.state import ServiceState
 
@@ -98,7 +99,7 @@ class FakeServicesApp(Starlette):
 
     fake_state: ServiceState
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # uvicorn's h11 ``send`` is a bound method of the request cycle, which holds the
         # transport: the only way for an ASGI app to drop a connection without a response.
         transport = getattr(getattr(send, "__self__", None), "transport", None)
@@ -107,7 +108,7 @@ class FakeServicesApp(Starlette):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Without it, Nagle and the client's delayed ACK add 40 ms to every request.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await super().__call__(scope, receive, send)  # type: ignore[arg-type]
+        await super().__call__(scope, receive, send)
 
 
 def create_app(git_root: Path, *, token: str = DEFAULT_TOKEN) -> Starlette:

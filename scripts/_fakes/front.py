@@ -6,17 +6,12 @@ import hmac
 import json
 import re
 import traceback
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .state import FENCING_HEADER, IDEMPOTENCY_HEADER, STALE_FENCE, Fault, ServiceState, now
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _RESOURCES = [
     (re.compile(r"^/api/v1/applications/([^/]+)"), "app:{0}"),
@@ -41,9 +36,7 @@ def _resource_of(path: str, idempotency_key: str | None) -> str | None:
 class Front:
     """Pure ASGI middleware: ledger, faults, auth and fencing for every API request."""
 
-    def __init__(
-        self, app: Callable[[Scope, Receive, Send], Awaitable[None]], state: ServiceState
-    ) -> None:
+    def __init__(self, app: ASGIApp, state: ServiceState) -> None:
         self.app = app
         self.state = state
 
