@@ -30,7 +30,7 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import anyio
 import psycopg
@@ -44,7 +44,6 @@ from .._clock import Clock, WallClock
 from .._errors import ConfigError, SchemaVersionError, StoreError, StoreUnavailableError
 from .._types import (
     JSON,
-    EntryKind,
     Fence,
     JournalEntry,
     JournalWrite,
@@ -86,7 +85,7 @@ class PostgresStore(Store):
     def __init__(self, url: str, *, clock: Clock | None = None, pool_size: int = 10) -> None:
         if pool_size < 1:
             raise ConfigError(f"pool_size must be at least 1, got {pool_size}")
-        self._conninfo, self.schema, self.url, self._password = _parse_url(url)
+        self._conninfo, self.schema, self.url, self._secrets = _parse_url(url)
         self.clock = clock or WallClock()
         self.pool_size = pool_size
         self._pool: AsyncConnectionPool[Conn] | None = None
@@ -120,6 +119,9 @@ class PostgresStore(Store):
             max_size=self.pool_size,
             open=False,
             timeout=POOL_TIMEOUT,
+            # A connection broken while idle (server restart, failover) is replaced before
+            # use instead of failing the statement: one extra round trip per checkout.
+            check=AsyncConnectionPool.check_connection,
             name=f"durable:{self.schema}",
         )
         try:
@@ -214,9 +216,7 @@ class PostgresStore(Store):
                 f"PostgreSQL at {self.url}: no connection within {POOL_TIMEOUT:g} s (the "
                 f"server is unreachable, or all {self.pool_size} pooled connections are busy)"
             )
-        message = " ".join(str(exc).split())
-        if self._password:
-            message = message.replace(self._password, "***")
+        message = _redact(str(exc), self._secrets)
         if isinstance(exc, psycopg.OperationalError) and (
             exc.sqlstate is None
             or exc.sqlstate.startswith("08")
@@ -279,9 +279,15 @@ class PostgresStore(Store):
 
     # -- attempts ----------------------------------------------------------------------------
     async def claim(
-        self, worker: str, lease: float, limit: int, run_id: str | None = None
+        self,
+        worker: str,
+        lease: float,
+        limit: int,
+        run_id: str | None = None,
+        workflows: Sequence[str] | None = None,
     ) -> list[Run]:
         params = {"worker": worker, "lease": lease, "limit": limit, "run_id": run_id,
+                  "workflows": None if workflows is None else list(workflows),
                   "now": self.clock.now(), "data": dumps({"worker": worker})}
         async with self._connection() as conn:
             try:
@@ -451,7 +457,11 @@ class PostgresStore(Store):
 
     async def _subscribe(self) -> psycopg.AsyncConnection[Any] | None:
         try:
-            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+            # TCP keepalives turn a silently dead listening connection into an error, so
+            # waiting falls back to polling and the next call subscribes again.
+            conn = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, keepalives=1, keepalives_idle=30,
+                keepalives_interval=10, keepalives_count=3)
         except psycopg.Error:
             return None
         try:
@@ -503,38 +513,47 @@ def _record(row: Mapping[str, Any]) -> Record:
                   float(row["updated_at"]))
 
 
-def _parse_url(url: str) -> tuple[str, str, str, str | None]:
-    """(libpq conninfo, schema, URL safe to show, password) from a postgresql:// URL."""
-    parts = urlsplit(url)
-    options = parse_qsl(parts.query, keep_blank_values=True)
+def _parse_url(url: str) -> tuple[str, str, str, tuple[str, ...]]:
+    """(libpq conninfo, schema, URL safe to show, secrets to hide) from a postgresql:// URL.
+
+    The URL is handed to libpq as written (its own percent-decoding, no ``+`` for space):
+    only the ``schema`` item is taken out of the query string.
+    """
+    base, _, query = url.partition("?")
+    parts = urlsplit(base)
     schema = "public"
-    rest: list[tuple[str, str]] = []
-    for name, value in options:
-        if name == "schema":
-            schema = value
-        else:
-            rest.append((name, value))
+    rest: list[str] = []
+    shown_rest: list[str] = []
+    secrets = [unquote(parts.password)] if parts.password else []
+    for item in filter(None, query.split("&")):
+        name, _, value = item.partition("=")
+        if unquote(name) == "schema":
+            schema = unquote(value)
+            continue
+        rest.append(item)
+        if unquote(name) == "password":
+            secrets += [unquote(value), value]
+            item = f"{name}=***"
+        shown_rest.append(item)
     if not _SCHEMA_NAME.fullmatch(schema):
         raise ConfigError(
             f"schema must be a lowercase SQL name (letters, digits, _; at most 63), "
             f"not {schema!r}"
         )
-    password = parts.password or dict(rest).get("password") or None
-    shown_rest = [(k, "***" if k == "password" else v) for k, v in rest]
-    netloc = parts.netloc
+    shown_base = base
     if parts.password is not None:
-        userinfo, _, hosts = netloc.rpartition("@")
-        netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
-    shown = urlunsplit(parts._replace(netloc=netloc, query=urlencode(
-        [*shown_rest, *([("schema", schema)] if schema != "public" else [])])))
-    stripped = urlunsplit(parts._replace(query=urlencode(rest)))
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        shown_base = base.replace(parts.netloc, f"{userinfo.partition(':')[0]}:***@{hosts}", 1)
+    if schema != "public":
+        shown_rest.append(f"schema={schema}")
+    shown = "?".join([shown_base, "&".join(shown_rest)]) if shown_rest else shown_base
+    stripped = "?".join([base, "&".join(rest)]) if rest else base
+    hidden = tuple(sorted({x for x in secrets if x}, key=len, reverse=True))
     try:
         params = conninfo_to_dict(stripped)
     except psycopg.Error as exc:
-        message = " ".join(str(exc).split())
-        if password:
-            message = message.replace(password, "***")
-        raise ConfigError(f"malformed PostgreSQL URL {shown}: {message}") from exc
+        raise ConfigError(
+            f"malformed PostgreSQL URL {shown}: {_redact(str(exc), hidden)}") from exc
     search_path = f"-c search_path={schema}"
     extra: dict[str, Any] = {
         "options": f"{params['options']} {search_path}" if params.get("options")
@@ -544,4 +563,12 @@ def _parse_url(url: str) -> tuple[str, str, str, str | None]:
         extra["connect_timeout"] = 10
     if not params.get("application_name"):
         extra["application_name"] = "durable"
-    return make_conninfo(stripped, **extra), schema, shown, password
+    return make_conninfo(stripped, **extra), schema, shown, hidden
+
+
+def _redact(message: str, secrets: tuple[str, ...]) -> str:
+    """One line, without any of the secrets."""
+    message = " ".join(message.split())
+    for secret in secrets:
+        message = message.replace(secret, "***")
+    return message

@@ -51,6 +51,7 @@ WITH candidates AS (
     SELECT r.id FROM durable_runs AS r
     WHERE r.state = 'queued' AND r.run_at <= %(now)s
       AND (%(run_id)s::text IS NULL OR r.id = %(run_id)s::text)
+      AND (%(workflows)s::text[] IS NULL OR r.workflow = ANY (%(workflows)s::text[]))
       AND (r.concurrency_key IS NULL OR (
             NOT EXISTS (SELECT 1 FROM durable_runs AS x
                         WHERE x.concurrency_key = r.concurrency_key AND x.state = 'running')

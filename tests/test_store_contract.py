@@ -1,0 +1,621 @@
+"""The store contract: one suite, run against every store (SQLite and PostgreSQL).
+
+Each test runs on asyncio and trio (``anyio_backend`` from conftest) for every store in the
+``store`` fixture's params. PostgreSQL needs a server at ``PG_URL`` (the tests skip with the
+reason when there is none) and runs on asyncio only: psycopg's async driver needs an asyncio
+loop, so the postgres-on-trio combinations skip, and one test pins the clear error instead.
+Every PostgreSQL test gets its own schema, dropped at teardown.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import anyio
+import pytest
+
+from durable._clock import FakeClock
+from durable._errors import ConfigError, SchemaVersionError, StoreUnavailableError
+from durable._types import EntryKind, Fence, JournalWrite, NewRun, Run, RunState
+from durable.store import SCHEMA_VERSION, Store, store_from_url
+from tests.helpers import kinds, poll
+
+try:
+    import psycopg
+    from psycopg import sql
+except ImportError:  # without the postgres extra, the postgres tests skip
+    psycopg = None  # type: ignore[assignment]
+
+pytestmark = pytest.mark.anyio
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+LEASE = 30.0
+TRIO_SKIP = "psycopg's async driver needs an asyncio loop: the PostgreSQL store is asyncio-only"
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    if psycopg is None:
+        pytest.skip("psycopg is not installed (pip install 'durable[postgres]')")
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=3):
+            pass
+    except psycopg.Error as exc:
+        pytest.skip(f"no PostgreSQL server reachable at {PG_URL}: {' '.join(str(exc).split())}")
+    return PG_URL
+
+
+@pytest.fixture
+def pg_url(postgres_server: str) -> Iterator[str]:
+    """A PostgreSQL store URL with a schema of its own, dropped at teardown."""
+    schema = f"durable_test_{uuid.uuid4().hex[:12]}"
+    yield f"{postgres_server}?schema={schema}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'contract.db'}"
+    if anyio_backend == "trio":
+        pytest.skip(TRIO_SKIP)
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@asynccontextmanager
+async def opened(url: str, clock: FakeClock) -> AsyncIterator[Store]:
+    store = store_from_url(url, clock=clock)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+@asynccontextmanager
+async def many(url: str, clock: FakeClock, n: int) -> AsyncIterator[list[Store]]:
+    """``n`` stores on one database, as ``n`` worker processes would have."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(opened(url, clock)) for _ in range(n)]
+
+
+@pytest.fixture
+async def store(store_url: str, clock: FakeClock) -> AsyncIterator[Store]:
+    async with opened(store_url, clock) as s:
+        yield s
+
+
+def raw_execute(url: str, statement: str) -> None:
+    """Run one statement on the store's database directly, outside the store."""
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url[len("sqlite:///"):])
+        try:
+            conn.execute(statement)
+            conn.commit()
+        finally:
+            conn.close()
+        return
+    base, _, query = url.partition("?")
+    schema = parse_qs(query)["schema"][0]
+    with psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}") as pg:
+        pg.execute(statement.encode())
+
+
+def raw_errors() -> tuple[type[Exception], ...]:
+    return (sqlite3.DatabaseError,) if psycopg is None else (sqlite3.DatabaseError, psycopg.Error)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+async def create(store: Store, run_id: str, *, key: str | None = None, workflow: str = "wf",
+                 delay: float = 0.0) -> Run:
+    run, created = await store.create_run(
+        NewRun(run_id, workflow, [run_id], key, store.clock.now() + delay))
+    assert created
+    return run
+
+
+async def claim_one(store: Store, worker: str = "w1") -> Run:
+    runs = await store.claim(worker, LEASE, 1)
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def fence(run: Run) -> Fence:
+    return Fence(run.id, run.epoch)
+
+
+STEP = JournalWrite(EntryKind.STEP_STARTED, step=1, step_key="1:charge", name="charge",
+                    attempt=1)
+DONE = JournalWrite(EntryKind.STEP_COMPLETED, step=1, step_key="1:charge", name="charge",
+                    attempt=1, data={"result": 42})
+
+
+async def journal_kinds(store: Store, run_id: str) -> list[str]:
+    return kinds(await store.journal(run_id))
+
+
+# -- creating and reading runs ------------------------------------------------------------------
+async def test_create_is_idempotent_by_id(store: Store) -> None:
+    first, created = await store.create_run(NewRun("r1", "wf", [1, "a"], "k", 5.0, timeout=9.0))
+    assert created
+    assert (first.state, first.epoch, first.attempt, first.args) == (RunState.QUEUED, 0, 0,
+                                                                     [1, "a"])
+    again, created = await store.create_run(NewRun("r1", "other", [2], None, 7.0))
+    assert not created
+    assert again == first
+    assert await store.get_run("r1") == first
+    assert await store.get_run("missing") is None
+    entries = await store.journal("r1")
+    assert kinds(entries) == ["run_created"]
+    assert entries[0].data == {"workflow": "wf", "args": [1, "a"], "key": "k", "run_at": 5.0}
+
+
+async def test_list_latest_and_next_run_at(store: Store, clock: FakeClock) -> None:
+    assert await store.next_run_at() is None
+    await create(store, "a", key="k", delay=50)
+    clock.advance(1)
+    await create(store, "b", key="k", workflow="other", delay=10)
+    clock.advance(1)
+    await create(store, "c", key="k")
+    assert [r.id for r in await store.list_runs()] == ["c", "b", "a"]
+    assert [r.id for r in await store.list_runs(workflow="wf", limit=1)] == ["c"]
+    assert [r.id for r in await store.list_runs(state=RunState.RUNNING)] == []
+    latest = await store.latest_run("wf", "k")
+    assert latest is not None and latest.id == "c"
+    assert await store.latest_run("wf", "nope") is None
+    assert await store.next_run_at() == clock.now()
+
+
+# -- claiming ------------------------------------------------------------------------------------
+async def test_claim_exactly_once_under_concurrent_claims(store_url: str, clock: FakeClock,
+                                                          store: Store) -> None:
+    await create(store, "r1")
+    results: list[list[Run]] = []
+    go = anyio.Event()
+
+    async def claim(worker: Store, name: str) -> None:
+        await go.wait()
+        results.append(await worker.claim(name, LEASE, 1))
+
+    async with many(store_url, clock, 5) as workers:
+        async with anyio.create_task_group() as tg:
+            for i, worker in enumerate(workers):
+                tg.start_soon(claim, worker, f"w{i}")
+            go.set()
+    claimed = [run for runs in results for run in runs]
+    assert len(results) == 5
+    assert [r.id for r in claimed] == ["r1"]
+    assert (await journal_kinds(store, "r1")).count("run_claimed") == 1
+    run = await store.get_run("r1")
+    assert run is not None and run.state is RunState.RUNNING and run.worker == claimed[0].worker
+
+
+async def test_competing_workers_take_each_run_once_with_distinct_epochs(
+        store_url: str, clock: FakeClock, store: Store) -> None:
+    for i in range(20):
+        await create(store, f"r{i:02}")
+    taken: list[Run] = []
+    epochs_per_claim: list[set[int]] = []
+
+    async def drain(worker: Store, name: str) -> None:
+        while runs := await worker.claim(name, LEASE, 3):
+            taken.extend(runs)
+            epochs_per_claim.append({r.epoch for r in runs})
+
+    async with many(store_url, clock, 4) as workers, anyio.create_task_group() as tg:
+        for i, worker in enumerate(workers):
+            tg.start_soon(drain, worker, f"w{i}")
+    assert sorted(r.id for r in taken) == [f"r{i:02}" for i in range(20)]
+    # Fencing tokens of different claims never collide (PostgreSQL also gives every run of
+    # one claim its own epoch; SQLite gives the runs of one claim statement the same one).
+    all_epochs = [e for epochs in epochs_per_claim for e in epochs]
+    assert len(all_epochs) == len(set(all_epochs)) and min(all_epochs) > 0
+    assert all(r.attempt == 1 and r.lease_expires_at == clock.now() + LEASE for r in taken)
+
+
+async def test_finished_runs_are_never_claimed(store: Store) -> None:
+    for name, state in [("done", RunState.COMPLETED), ("bad", RunState.FAILED),
+                        ("stopped", RunState.CANCELLED)]:
+        await create(store, name)
+        run = await claim_one(store)
+        assert await store.finish(fence(run), state, result=None, error="x")
+    await create(store, "never")
+    assert await store.request_cancel("never") is not None
+    assert await store.claim("w2", LEASE, 10) == []
+    for name in ("done", "bad", "stopped"):
+        assert await store.claim("w2", LEASE, 1, run_id=name) == []
+
+
+async def test_concurrency_key_allows_one_running_run(store: Store, clock: FakeClock) -> None:
+    await create(store, "k1", key="K")
+    clock.advance(1)
+    await create(store, "k2", key="K")
+    await create(store, "free")
+    first = await store.claim("w1", LEASE, 10)
+    assert sorted(r.id for r in first) == ["free", "k1"]
+    assert await store.claim("w2", LEASE, 10) == []
+    assert await store.claim("w2", LEASE, 10, run_id="k2") == []
+    k1 = next(r for r in first if r.id == "k1")
+    assert await store.finish(fence(k1), RunState.COMPLETED)
+    assert [r.id for r in await store.claim("w2", LEASE, 10)] == ["k2"]
+
+
+async def test_delayed_run_is_not_claimed_before_run_at(store: Store, clock: FakeClock) -> None:
+    run = await create(store, "later", delay=60)
+    assert await store.next_run_at() == run.run_at
+    assert await store.claim("w1", LEASE, 10) == []
+    clock.advance(59.5)
+    assert await store.claim("w1", LEASE, 10, run_id="later") == []
+    clock.advance(0.5)
+    assert (await claim_one(store)).id == "later"
+    assert await store.next_run_at() is None
+
+
+async def test_claim_only_listed_workflows(store: Store) -> None:
+    await create(store, "a", workflow="known")
+    await create(store, "b", workflow="unknown")
+    assert [r.id for r in await store.claim("w1", LEASE, 10, workflows=["known"])] == ["a"]
+    assert await store.claim("w1", LEASE, 10, workflows=[]) == []
+    assert [r.id for r in await store.claim("w1", LEASE, 10)] == ["b"]
+
+
+# -- leases --------------------------------------------------------------------------------------
+async def test_renew_returns_held_runs_with_cancel_flags_and_drops_lost_ones(
+        store: Store, clock: FakeClock) -> None:
+    for name in "abcd":
+        await create(store, name)
+    runs = {r.id: r for r in await store.claim("w1", LEASE, 4)}
+    assert sorted(runs) == ["a", "b", "c", "d"]
+    assert await store.request_cancel("b") is not None
+    assert await store.release(fence(runs["c"]))
+    held = [fence(runs["a"]), fence(runs["b"]), fence(runs["c"]),
+            Fence("d", runs["d"].epoch + 1000)]
+
+    clock.advance(20)
+    renewed = await store.renew("w1", held, LEASE, {"a": {"progress": 1}})
+    assert {(r.run_id, r.epoch, r.cancel_requested) for r in renewed} == {
+        ("a", runs["a"].epoch, False), ("b", runs["b"].epoch, True)}
+    assert await store.renew("intruder", held, LEASE) == []
+    assert await store.renew("w1", [], LEASE) == []
+    clock.advance(20)  # 40 s after the claim, 20 s after the renewal: still held
+    assert await store.append(fence(runs["a"]), [STEP])
+    a = await store.get_run("a")
+    assert a is not None and a.lease_expires_at == clock.now() - 20 + LEASE
+    clock.advance(LEASE)
+    assert await store.renew("w1", held, LEASE) == []
+
+
+async def test_fenced_writes_are_refused_with_a_stale_epoch(store: Store) -> None:
+    await create(store, "r1")
+    run = await claim_one(store)
+    before = await journal_kinds(store, "r1")
+    for stale in (Fence("r1", run.epoch + 1), Fence("r1", 0), Fence("other", run.epoch)):
+        assert not await store.append(stale, [STEP, DONE])
+        assert not await store.put_records(stale, [("slots", "x", 1)], [STEP])
+        assert not await store.finish(stale, RunState.COMPLETED, entries=[DONE])
+        assert not await store.release(stale, [STEP])
+    assert await journal_kinds(store, "r1") == before
+    assert await store.get_record("slots", "x") is None
+    current = await store.get_run("r1")
+    assert current is not None and current.state is RunState.RUNNING
+    assert current.epoch == run.epoch
+    assert await store.append(fence(run), [STEP, DONE])
+    assert await journal_kinds(store, "r1") == [*before, "step_started", "step_completed"]
+
+
+async def test_fenced_writes_are_refused_once_the_lease_expired(
+        store: Store, clock: FakeClock) -> None:
+    await create(store, "r1")
+    old = await claim_one(store)
+    clock.advance(LEASE)  # the lease ends at exactly this instant
+    before = await journal_kinds(store, "r1")
+    assert not await store.append(fence(old), [STEP])
+    assert not await store.put_records(fence(old), [("slots", "x", 1)])
+    assert not await store.finish(fence(old), RunState.COMPLETED, entries=[DONE])
+    assert not await store.release(fence(old))
+    assert await store.renew("w1", [fence(old)], LEASE) == []
+    assert await journal_kinds(store, "r1") == before
+
+    assert await store.recover_stale() == [fence(old)]
+    new = await claim_one(store, "w2")
+    assert new.epoch > old.epoch and new.attempt == 2
+    assert not await store.append(fence(old), [STEP])
+    assert await store.append(fence(new), [STEP])
+
+
+async def test_finish_and_release_write_entries_with_the_state_change(
+        store: Store, clock: FakeClock) -> None:
+    await create(store, "r1")
+    run = await claim_one(store)
+    assert await store.finish(fence(run), RunState.COMPLETED, result={"total": 3},
+                              entries=[DONE, JournalWrite(EntryKind.RUN_COMPLETED)])
+    done = await store.get_run("r1")
+    assert done is not None
+    assert (done.state, done.result, done.worker, done.lease_expires_at) == (
+        RunState.COMPLETED, {"total": 3}, None, None)
+    assert (await journal_kinds(store, "r1"))[-2:] == ["step_completed", "run_completed"]
+    assert not await store.finish(fence(run), RunState.FAILED, error="again")
+
+    await create(store, "r2")
+    run2 = await claim_one(store)
+    clock.advance(5)
+    assert await store.release(fence(run2), [JournalWrite(EntryKind.RUN_INTERRUPTED)])
+    back = await store.get_run("r2")
+    assert back is not None
+    assert (back.state, back.worker, back.run_at) == (RunState.QUEUED, None, clock.now())
+    assert (await journal_kinds(store, "r2"))[-1] == "run_interrupted"
+    assert not await store.release(fence(run2))
+    assert (await claim_one(store)).epoch > run2.epoch
+
+
+# -- recovery ------------------------------------------------------------------------------------
+async def test_recover_stale_is_a_compare_and_set(store_url: str, store: Store,
+                                                  clock: FakeClock) -> None:
+    await create(store, "r1")
+    run = await claim_one(store)
+    assert await store.recover_stale("r1", run.epoch) == []  # not expired yet
+    clock.advance(LEASE + 1)
+    assert await store.recover_stale("r1", run.epoch + 1) == []  # another epoch
+    results: list[list[Fence]] = []
+    go = anyio.Event()
+
+    async def recover(other: Store) -> None:
+        await go.wait()
+        results.append(await other.recover_stale("r1", run.epoch))
+
+    async with many(store_url, clock, 2) as others:
+        async with anyio.create_task_group() as tg:
+            for other in others:
+                tg.start_soon(recover, other)
+            go.set()
+    assert sorted(results, key=len) == [[], [fence(run)]]
+    entries = await store.journal("r1")
+    recovered = [e for e in entries if e.kind is EntryKind.RUN_RECOVERED]
+    assert len(recovered) == 1
+    assert recovered[0].epoch == run.epoch
+    assert recovered[0].data["worker"] == "w1"
+    assert recovered[0].data["lease_expired_at"] == run.lease_expires_at
+    requeued = await store.get_run("r1")
+    assert requeued is not None
+    assert (requeued.state, requeued.worker, requeued.run_at) == (RunState.QUEUED, None,
+                                                                  clock.now())
+
+
+async def test_sweep_recovers_every_expired_run_once(store: Store, clock: FakeClock) -> None:
+    for name in "abc":
+        await create(store, name)
+    runs = await store.claim("w1", LEASE, 3)
+    await create(store, "fresh")
+    clock.advance(LEASE / 2)
+    fresh = await claim_one(store, "w2")
+    clock.advance(LEASE / 2)
+    assert sorted(await store.recover_stale(), key=lambda f: f.run_id) == [fence(r) for r in
+                                                                          runs]
+    assert await store.recover_stale() == []
+    still = await store.get_run("fresh")
+    assert still is not None and still.state is RunState.RUNNING and still.epoch == fresh.epoch
+
+
+# -- the journal ---------------------------------------------------------------------------------
+async def test_journal_is_append_only(store_url: str, store: Store) -> None:
+    await create(store, "r1")
+    run = await claim_one(store)
+    assert await store.append(fence(run), [STEP, DONE])
+    entries = await store.journal("r1")
+    assert [e.seq for e in entries] == sorted(e.seq for e in entries)
+    assert [e.seq for e in await store.journal("r1", after=entries[1].seq)] == [
+        e.seq for e in entries[2:]]
+    for statement in ("UPDATE durable_journal SET kind = 'value'",
+                      "DELETE FROM durable_journal"):
+        with pytest.raises(raw_errors(), match="append-only"):
+            await anyio.to_thread.run_sync(raw_execute, store_url, statement)
+    assert await store.journal("r1") == entries
+
+
+# -- operator actions ----------------------------------------------------------------------------
+async def test_request_cancel(store: Store) -> None:
+    await create(store, "queued")
+    cancelled = await store.request_cancel("queued")
+    assert cancelled is not None and cancelled.state is RunState.CANCELLED
+    assert (await journal_kinds(store, "queued"))[-1] == "run_cancelled"
+
+    await create(store, "running")
+    run = await claim_one(store)
+    flagged = await store.request_cancel("running")
+    assert flagged is not None
+    assert (flagged.state, flagged.cancel_requested) == (RunState.RUNNING, True)
+    assert (await journal_kinds(store, "running"))[-1] == "run_cancel_requested"
+    assert await store.finish(fence(run), RunState.CANCELLED)
+    assert await store.request_cancel("running") is None
+    assert await store.request_cancel("missing") is None
+
+
+async def test_requeue_only_from_failed_or_cancelled(store: Store) -> None:
+    await create(store, "r1")
+    assert await store.requeue("r1", None, None) is None  # queued
+    run = await claim_one(store)
+    assert await store.requeue("r1", None, None) is None  # running
+    assert await store.finish(fence(run), RunState.FAILED, error="boom")
+    again = await store.requeue("r1", 2, "retry")
+    assert again is not None
+    assert (again.state, again.error, again.result, again.cancel_requested) == (
+        RunState.QUEUED, None, None, False)
+    replayed = (await store.journal("r1"))[-1]
+    assert replayed.kind is EntryKind.RUN_REPLAYED
+    assert replayed.data == {"from_step": 2, "in_doubt": "retry"}
+    run = await claim_one(store)
+    assert run.attempt == 2
+    assert await store.finish(fence(run), RunState.COMPLETED)
+    assert await store.requeue("r1", None, None) is None  # completed
+
+    await create(store, "r2")
+    assert await store.request_cancel("r2") is not None
+    requeued = await store.requeue("r2", None, None)
+    assert requeued is not None and requeued.state is RunState.QUEUED
+    assert await store.requeue("missing", None, None) is None
+
+
+# -- records -------------------------------------------------------------------------------------
+async def test_records_are_fenced(store: Store, clock: FakeClock) -> None:
+    assert await store.get_record("slots", "x") is None
+    assert await store.put_records(None, [("slots", "seed", {"free": 2})])
+    seeded = await store.get_record("slots", "seed")
+    assert seeded is not None and (seeded.value, seeded.epoch) == ({"free": 2}, 0)
+
+    await create(store, "older")
+    older = await claim_one(store)
+    await create(store, "newer")
+    newer = await claim_one(store)
+    assert newer.epoch > older.epoch
+    assert await store.put_records(fence(newer), [("slots", "x", "newer")], [STEP])
+    written = await store.get_record("slots", "x")
+    assert written is not None and (written.value, written.epoch) == ("newer", newer.epoch)
+
+    # An older epoch cannot overwrite a newer one's record, and the whole call is undone.
+    before = await journal_kinds(store, "older")
+    assert not await store.put_records(fence(older), [("slots", "y", 1), ("slots", "x", 2)],
+                                       [STEP])
+    assert await store.get_record("slots", "y") is None
+    assert await journal_kinds(store, "older") == before
+    assert not await store.put_records(Fence("older", 0), [("slots", "z", 1)])
+
+    clock.advance(1)
+    assert await store.put_records(fence(older), [("slots", "y", [1, 2])])
+    assert [(r.key, r.value) for r in await store.list_records("slots")] == [
+        ("seed", {"free": 2}), ("x", "newer"), ("y", [1, 2])]
+    assert await store.list_records("other") == []
+
+
+# -- schema --------------------------------------------------------------------------------------
+async def test_a_newer_schema_version_is_refused(store_url: str, store: Store,
+                                                 clock: FakeClock) -> None:
+    assert await store.schema_version() == SCHEMA_VERSION
+    async with opened(store_url, clock) as again:  # reopening an up-to-date database
+        assert await again.schema_version() == SCHEMA_VERSION
+    await anyio.to_thread.run_sync(
+        raw_execute, store_url,
+        f"UPDATE durable_meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema_version'")
+    newer = store_from_url(store_url, clock=clock)
+    with pytest.raises(SchemaVersionError, match="newer than this durable understands"):
+        await newer.open()
+
+
+# -- PostgreSQL only -----------------------------------------------------------------------------
+postgres_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_postgres_on_trio_is_refused_with_one_clear_line() -> None:
+    if psycopg is None:
+        pytest.skip("psycopg is not installed")
+    store = store_from_url("postgresql://127.0.0.1:5432/test")
+    with pytest.raises(ConfigError) as info:
+        await store.open()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "asyncio only" in message and "--backend asyncio" in message
+
+
+@postgres_only
+async def test_postgres_url_options_and_password_redaction() -> None:
+    if psycopg is None:
+        pytest.skip("psycopg is not installed")
+    with pytest.raises(ConfigError, match="schema must be"):
+        store_from_url("postgresql://127.0.0.1/test?schema=Bad-Name")
+    store = store_from_url("postgresql://me:sekret@127.0.0.1:1/test?schema=s1&sslmode=disable")
+    assert "sekret" not in store.url
+    assert store.url == "postgresql://me:***@127.0.0.1:1/test?sslmode=disable&schema=s1"
+    with pytest.raises(StoreUnavailableError) as info:
+        await store.open()
+    assert "sekret" not in str(info.value) and "127.0.0.1" in str(info.value)
+
+
+@postgres_only
+async def test_postgres_concurrent_first_opens_migrate_once(pg_url: str,
+                                                            clock: FakeClock) -> None:
+    versions: list[int] = []
+
+    async def open_one() -> None:
+        async with opened(pg_url, clock) as s:
+            versions.append(await s.schema_version())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(open_one)
+    assert versions == [SCHEMA_VERSION] * 4
+
+
+@postgres_only
+async def test_postgres_claim_that_trips_the_key_index_claims_nothing(
+        pg_url: str, clock: FakeClock) -> None:
+    """A claim racing another transaction for the same key gets [], not an error."""
+    async with opened(pg_url, clock) as store:
+        await create(store, "k1", key="K")
+        base, _, query = pg_url.partition("?")
+        schema = parse_qs(query)["schema"][0]
+        rival = await psycopg.AsyncConnection.connect(base, options=f"-c search_path={schema}")
+        try:
+            # An uncommitted rival transaction holds a running run of key K: the claim of
+            # k1 passes its checks (it cannot see the rival's row), then waits on the
+            # unique index until the rival commits, and then violates it.
+            await rival.execute(
+                "INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, run_at,"
+                " created_at, updated_at) VALUES ('rival', 'wf', '[]', 'K', 'running', 0, 0, 0)")
+            result: list[list[Run]] = []
+            async with anyio.create_task_group() as tg:
+                async def claim() -> None:
+                    result.append(await store.claim("w1", LEASE, 10))
+
+                tg.start_soon(claim)
+                async with await psycopg.AsyncConnection.connect(base) as watcher:
+                    async def claim_is_blocked() -> bool:
+                        cur = await watcher.execute(
+                            "SELECT 1 FROM pg_stat_activity"
+                            " WHERE %s = ANY (pg_blocking_pids(pid))",
+                            (rival.info.backend_pid,))
+                        return await cur.fetchone() is not None
+
+                    await poll(claim_is_blocked)
+                await rival.commit()
+            assert result == [[]]
+        finally:
+            await rival.close()
+        run = await store.get_run("k1")
+        assert run is not None and run.state is RunState.QUEUED
+        assert "run_claimed" not in await journal_kinds(store, "k1")
+
+
+@postgres_only
+async def test_postgres_wait_for_work_wakes_on_queued_runs_and_cancels(
+        pg_url: str, clock: FakeClock) -> None:
+    async with opened(pg_url, clock) as store:
+        wait_for_work = store.wait_for_work  # type: ignore[attr-defined]
+        with anyio.fail_after(5):
+            await wait_for_work(30)  # the first call subscribes and returns at once
+        start = anyio.current_time()
+        await wait_for_work(0.05)  # nothing happened: waits out the timeout
+        assert anyio.current_time() - start >= 0.05
+
+        async with opened(pg_url, clock) as client:  # another process queues a run
+            await create(client, "r1")
+            with anyio.fail_after(5):
+                await wait_for_work(30)
+            run = await claim_one(store)
+            await client.request_cancel("r1")
+            with anyio.fail_after(5):
+                await wait_for_work(30)
+            assert await store.release(fence(run))
+            with anyio.fail_after(5):
+                await wait_for_work(30)
