@@ -123,7 +123,13 @@ class Attempt:
         if self.lost or anyio.current_time() >= self.lease_deadline:
             self.lose()
             raise self._refuse()
-        if not await self.store.append(self.fence, entries):
+        try:
+            written = await self.store.append(self.fence, entries)
+        except StoreError as exc:
+            # cannot tell whether it committed: stop here and let recovery resume the run
+            self.log.error("journal_write_failed", error=str(exc))
+            written = False
+        if not written:
             self.lose()
             raise self._refuse()
 

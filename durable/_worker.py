@@ -93,6 +93,7 @@ class Worker:
             async with anyio.create_task_group() as service:
                 service.start_soon(self._heartbeat_loop)
                 service.start_soon(self._sweep_loop)
+                service.start_soon(self._notify_loop)
                 async with anyio.create_task_group() as runs:
                     self.log.info("worker_started", concurrency=self.concurrency,
                                   lease=self.lease, store=type(self.store).__name__)
@@ -192,6 +193,23 @@ class Worker:
             attempt.renewed(sent)
             if renewal.cancel_requested:
                 attempt.stop("cancelled")
+
+    async def _notify_loop(self) -> None:
+        """With a store that can push (PostgreSQL LISTEN/NOTIFY), wake at once for new work
+        and deliver an operator's cancel to the attempt without waiting for the next beat."""
+        wait_for_work = getattr(self.store, "wait_for_work", None)
+        if wait_for_work is None:
+            return  # SQLite: polling only
+        while True:
+            try:
+                await wait_for_work(30.0)
+            except StoreError as exc:
+                self.log.error("listen_failed", error=str(exc))
+                await anyio.sleep(self.poll_interval)
+                continue
+            self._wake.set()
+            if self.active:
+                await self.renew_now()
 
     async def _sweep_loop(self) -> None:
         while True:
