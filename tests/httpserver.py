@@ -83,7 +83,8 @@ class LoopbackServer:
                 return
             head, _, rest = buffer.partition(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
-            method, path, _ = lines[0].split(" ", 2)
+            method, target, _ = lines[0].split(" ", 2)
+            path = target.partition("?")[0]
             headers = {}
             for line in lines[1:]:
                 name, _, value = line.partition(":")
