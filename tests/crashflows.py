@@ -52,3 +52,9 @@ async def crash_fail(ctx: durable.WorkflowContext, log: str, gate: str) -> str:
     await mark(ctx, log, "two")
     await hold_once(ctx, log, gate)
     return str(await mark(ctx, log, "three"))
+
+
+@durable.workflow("crash.count")
+async def crash_count(ctx: durable.WorkflowContext, log: str) -> None:
+    for step in ("a", "b", "c"):
+        await mark(ctx, log, f"{ctx.workflow_id}:{step}:{ctx.epoch}")

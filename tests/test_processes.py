@@ -113,3 +113,30 @@ async def test_sigterm_releases_the_lease_for_an_immediate_resume(
 
 def test_crashflows_module_is_importable() -> None:
     assert crashflows.crash_retry.name == "crash.retry"
+
+
+async def test_several_worker_processes_share_one_sqlite_file(
+        db_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "count.txt"
+    runs = 120
+    async with durable.Client.connect(db_url) as client:
+        for i in range(runs):
+            await client.start("crash.count", str(log), id=f"m{i:03d}")
+        with (worker_process(db_url, "--concurrency", "8") as a,
+              worker_process(db_url, "--concurrency", "8") as b,
+              worker_process(db_url, "--concurrency", "8") as c):
+            await poll(lambda: _all_done(client, runs), timeout=60, interval=0.05)
+            procs = (a, b, c)
+            assert all(p.poll() is None for p in procs)
+        executed = [line.rsplit(":", 1)[0] for line in lines(log)]
+        # every step of every run ran exactly once, whichever process claimed it
+        assert sorted(executed) == sorted(f"m{i:03d}:{s}" for i in range(runs) for s in "abc")
+        workers = {e.data["worker"] for i in range(runs)
+                   for e in await client.store.journal(f"m{i:03d}")
+                   if e.kind.value == "run_claimed"}
+        assert len(workers) >= 2  # the processes really competed
+
+
+async def _all_done(client: durable.Client, runs: int) -> bool:
+    done = await client.list(state="completed", limit=runs + 1)
+    return len(done) == runs
