@@ -1,0 +1,516 @@
+"""The durable activities: the plain clients, run as journaled steps over ``ctx.http``.
+
+Each activity builds its client at call time from the environment (:mod:`activities.config`)
+over the attempt's fenced ``ctx.http``: every request carries ``Idempotency-Key`` and
+``Durable-Fencing-Token``, is refused before it is sent once the attempt has lost its lease,
+and is aborted in flight when the step times out or the attempt is cancelled. Tokens are
+never arguments or results (both are journaled). Git runs as a real process, killed with
+everything it started when the step is cancelled.
+
+Errors, translated once here::
+
+    StaleFencingTokenError (409)   -> durable.LeaseLostError: a newer attempt holds the
+                                      resource; this one must stop (BaseException)
+    401, 403 and other 4xx         -> RefusedError (non-retryable): retrying cannot help
+    429, 503 (Retry-After), 5xx,   -> left as they are: retried with backoff, honouring
+    no answer                         Retry-After
+    missing configuration          -> config.MissingConfigError (non-retryable, nothing sent)
+
+Retry and ``on_doubt`` per activity, and why:
+
+- Deletes treat 404 as done, so sending one twice is harmless: retried, and re-run when an
+  earlier attempt left them in doubt.
+- Lookups and ``git ls-remote`` only read: retried, re-run.
+- Creating a repository is not idempotent (a second create answers 409, which is also what
+  someone else's repository looks like): retried only by the engine's policy, and a crash
+  mid-call is *in doubt* -> ``on_doubt="fail"``, for an operator to check.
+- The TTS call is billed. It carries an idempotency key made of the step's own key
+  (``<run id>/item-<n>``) and the item, the same on every try and every attempt, so the
+  service answers a repeated call from its record instead of billing again. Only because
+  of that key is ``on_doubt="retry"`` safe.
+- A force push uses ``--force-with-lease`` with the expected commit that an earlier step
+  recorded in the journal, and pushes an exact commit (also journaled). A second attempt
+  therefore finds the push already done (git answers up to date) or the remote where it
+  expected it; if the remote moved, the push is refused: two attempts can never both
+  force-push. So it may be retried and re-run; a timeout is not retried (it fails the run
+  for a person to look at).
+- A notification is never sent twice on purpose: one journaled step per outcome, the same
+  idempotency key on every try, a try repeated only when the message surely did not
+  arrive, and ``on_doubt="fail"``; see :func:`notify`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+import durable
+
+from . import config, git
+from .errors import ServiceError, StaleFencingTokenError
+from .githost import CreateOutcome, GitHostClient, Lookup, LookupResult
+from .notify import Notifier
+from .outcomes import DeleteOutcome
+from .paas import PaasClient
+from .tts import TtsClient
+
+__all__ = [
+    "AlreadyExistsError",
+    "GitTimeoutError",
+    "LookupUnknownError",
+    "RefusedError",
+    "RemoteMovedError",
+    "ResourceMissingError",
+    "check_config",
+    "create_repository",
+    "delete_application",
+    "delete_database",
+    "delete_env_vars",
+    "delete_repository",
+    "delete_volumes",
+    "find_repository",
+    "force_push",
+    "get_application",
+    "notify",
+    "push",
+    "remote_head",
+    "require_absent",
+    "synthesize",
+]
+
+Repo = Mapping[str, Any]
+"""A repository as journaled: ``{"full_name", "clone_url", "branch"}``."""
+
+READ_RETRY = durable.RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=10)
+DELETE_RETRY = durable.RetryPolicy(max_attempts=4, initial_delay=0.5, max_delay=10)
+HTTP_TIMEOUT = 60.0
+TTS_TIMEOUT = 300.0
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+# -- errors ---------------------------------------------------------------------------------
+class RefusedError(durable.NonRetryableError):
+    """The service refused the request (401, 403, other 4xx): retrying cannot help."""
+
+
+class ResourceMissingError(durable.NonRetryableError):
+    """Something the operation needs does not exist (a 404 where absence is an error)."""
+
+
+class AlreadyExistsError(durable.NonRetryableError):
+    """The target exists already; the operation never overwrites."""
+
+
+class LookupUnknownError(Exception):
+    """A lookup could not tell found from absent (5xx, 429, no answer): retried."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class GitTimeoutError(durable.NonRetryableError):
+    """git did not finish within ``DURABLE_GIT_TIMEOUT``; it was killed."""
+
+
+class RemoteMovedError(durable.NonRetryableError):
+    """A push was refused: the remote ref moved, or is not a fast-forward."""
+
+
+_HINTS = {"paas": "DURABLE_PAAS_TOKEN", "githost": "DURABLE_GITHOST_TOKEN",
+          "tts": "DURABLE_TTS_TOKEN", "notify": "DURABLE_NOTIFY_TOKEN"}
+
+
+def _refusal(exc: ServiceError, service: str) -> RefusedError:
+    hint = f" (check {_HINTS[service]})" if exc.status in (401, 403) else ""
+    return RefusedError(f"{service} refused the request: {exc}{hint}")
+
+
+def _retryable_status(status: int | None) -> bool:
+    return status is None or status >= 500 or status in (408, 425, 429)
+
+
+@contextmanager
+def boundary(service: str) -> Iterator[None]:
+    """Translate the clients' errors for the engine (see the module docstring)."""
+    try:
+        yield
+    except StaleFencingTokenError as exc:
+        raise durable.LeaseLostError(
+            f"{service} refused a stale fencing token: a newer attempt holds the resource, "
+            "this one stops") from exc
+    except ServiceError as exc:
+        if _retryable_status(exc.status):
+            raise
+        raise _refusal(exc, service) from exc
+
+
+def _unknown(result: LookupResult, full_name: str) -> Exception:
+    error = result.error
+    text = f"could not tell whether repository {full_name} exists ({result.detail}); " \
+           "not proceeding"
+    if error is not None and not _retryable_status(error.status):
+        return RefusedError(text + (" (check DURABLE_GITHOST_TOKEN)"
+                                    if error.status in (401, 403) else ""))
+    return LookupUnknownError(text, getattr(error, "retry_after", None))
+
+
+def _split(full_name: str) -> tuple[str, str]:
+    workspace, _, slug = full_name.partition("/")
+    if not workspace or not slug or "/" in slug:
+        raise durable.NonRetryableError(f"a repository is 'workspace/slug', not {full_name!r}")
+    return workspace, slug
+
+
+def _paas(ctx: durable.ActivityContext) -> PaasClient:
+    cfg = config.service("paas")
+    return PaasClient(ctx.http, cfg.url, cfg.token)
+
+
+def _githost(ctx: durable.ActivityContext) -> GitHostClient:
+    cfg = config.service("githost")
+    return GitHostClient(ctx.http, cfg.url, cfg.token)
+
+
+def _gone(outcome: DeleteOutcome) -> str:
+    return "deleted" if outcome is DeleteOutcome.DELETED else "already gone"
+
+
+# -- configuration --------------------------------------------------------------------------
+@durable.activity("config.check", timeout=5, retry=durable.RetryPolicy(max_attempts=1))
+async def check_config(ctx: durable.ActivityContext, services: list[str]) -> dict[str, str]:
+    """Fail the run before it touches anything if a service it needs is not configured."""
+    urls = config.check(services)
+    ctx.annotate("configured: " + ", ".join(services))
+    return urls
+
+
+# -- PaaS -----------------------------------------------------------------------------------
+@durable.activity("paas.get_application", timeout=HTTP_TIMEOUT, retry=READ_RETRY)
+async def get_application(ctx: durable.ActivityContext, app_uuid: str) -> dict[str, Any]:
+    """The application, which must exist (404: :class:`ResourceMissingError`)."""
+    with boundary("paas"):
+        app = await _paas(ctx).get_application(app_uuid)
+    if app is None:
+        raise ResourceMissingError(f"application {app_uuid} does not exist on the PaaS")
+    ctx.annotate(f"application {app.uuid}: {app.status or 'found'}")
+    return {"uuid": app.uuid, "name": app.name, "status": app.status}
+
+
+@durable.activity("paas.delete_database", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)
+async def delete_database(ctx: durable.ActivityContext, db_uuid: str) -> str:
+    """Delete a database; 404 means already gone, which counts as done."""
+    with boundary("paas"):
+        outcome = await _paas(ctx).delete_database(db_uuid)
+    ctx.annotate(f"database {db_uuid}: {_gone(outcome)}")
+    return outcome.value
+
+
+@durable.activity("paas.delete_env_vars", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)
+async def delete_env_vars(ctx: durable.ActivityContext, app_uuid: str) -> dict[str, Any]:
+    """Delete every env var of an application (names journaled, values never)."""
+    client = _paas(ctx)
+    deleted: list[str] = []
+    gone: list[str] = []
+    with boundary("paas"):
+        try:
+            envs = await client.list_envs(app_uuid)
+        except ServiceError as exc:
+            if exc.status != 404:
+                raise
+            ctx.annotate(f"application {app_uuid} is gone: no env vars left")
+            return {"deleted": [], "already_gone": [], "app_gone": True}
+        for env in envs:
+            outcome = await client.delete_env(app_uuid, env.uuid)
+            (deleted if outcome is DeleteOutcome.DELETED else gone).append(env.key)
+            ctx.annotate(f"env vars of {app_uuid}: deleted {', '.join(deleted) or 'none'}")
+    ctx.annotate(f"env vars of {app_uuid}: "
+                 + (f"deleted {', '.join(deleted)}" if deleted else "none left"))
+    return {"deleted": deleted, "already_gone": gone, "app_gone": False}
+
+
+@durable.activity("paas.delete_volumes", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)
+async def delete_volumes(ctx: durable.ActivityContext, app_uuid: str) -> dict[str, Any]:
+    """Delete the application's persistent volumes (file mounts are configuration: kept)."""
+    client = _paas(ctx)
+    deleted: list[str] = []
+    with boundary("paas"):
+        try:
+            storages = await client.list_storages(app_uuid)
+        except ServiceError as exc:
+            if exc.status != 404:
+                raise
+            ctx.annotate(f"application {app_uuid} is gone: no volumes left")
+            return {"deleted": [], "app_gone": True}
+        for storage in storages:
+            if storage.kind != "persistent":
+                continue
+            if await client.delete_storage(app_uuid, storage.uuid) is DeleteOutcome.DELETED:
+                deleted.append(storage.name or storage.uuid)
+            ctx.annotate(f"volumes of {app_uuid}: deleted {', '.join(deleted) or 'none'}")
+    ctx.annotate(f"volumes of {app_uuid}: "
+                 + (f"deleted {', '.join(deleted)}" if deleted else "none left"))
+    return {"deleted": deleted, "app_gone": False}
+
+
+@durable.activity("paas.delete_application", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)
+async def delete_application(ctx: durable.ActivityContext, app_uuid: str) -> str:
+    """Delete an application with its volumes; 404 counts as done."""
+    with boundary("paas"):
+        outcome = await _paas(ctx).delete_application(app_uuid)
+    ctx.annotate(f"application {app_uuid}: {_gone(outcome)}")
+    return outcome.value
+
+
+# -- git host -------------------------------------------------------------------------------
+def _repo_json(full_name: str, clone_url: str, branch: str | None) -> dict[str, Any]:
+    return {"full_name": full_name, "clone_url": clone_url, "branch": branch or "main"}
+
+
+@durable.activity("githost.find_repository", timeout=HTTP_TIMEOUT, retry=READ_RETRY)
+async def find_repository(ctx: durable.ActivityContext, full_name: str) -> dict[str, Any]:
+    """A repository that must exist: found, or fail (absent, or *unknown*: never guessed)."""
+    result = await _githost_lookup(ctx, full_name)
+    if result.outcome is Lookup.ABSENT:
+        raise ResourceMissingError(f"repository {full_name} does not exist on the git host")
+    if result.outcome is Lookup.UNKNOWN or result.repository is None:
+        raise _unknown(result, full_name)
+    repo = result.repository
+    ctx.annotate(f"repository {full_name}: found")
+    return _repo_json(repo.full_name, repo.clone_url(), repo.mainbranch)
+
+
+async def _githost_lookup(ctx: durable.ActivityContext, full_name: str) -> LookupResult:
+    workspace, slug = _split(full_name)
+    with boundary("githost"):
+        return await _githost(ctx).lookup(workspace, slug)
+
+
+@durable.activity("githost.require_absent", timeout=HTTP_TIMEOUT, retry=READ_RETRY)
+async def require_absent(ctx: durable.ActivityContext, full_name: str) -> str:
+    """Go on only if the repository is *absent* (404): found or unknown fail the step."""
+    result = await _githost_lookup(ctx, full_name)
+    if result.outcome is Lookup.FOUND:
+        raise AlreadyExistsError(f"repository {full_name} already exists; nothing was changed")
+    if result.outcome is Lookup.UNKNOWN:
+        raise _unknown(result, full_name)
+    ctx.annotate(f"repository {full_name}: absent")
+    return "absent"
+
+
+@durable.activity("githost.create_repository", timeout=HTTP_TIMEOUT, retry=READ_RETRY,
+                  on_doubt="fail")
+async def create_repository(ctx: durable.ActivityContext, full_name: str) -> dict[str, Any]:
+    """Create a private repository; 409 (already existed) fails the step.
+
+    Not idempotent: a crash mid-call leaves the step in doubt for an operator.
+    """
+    workspace, slug = _split(full_name)
+    with boundary("githost"):
+        result = await _githost(ctx).create(workspace, slug, is_private=True)
+    if result.outcome is CreateOutcome.ALREADY_EXISTED or result.repository is None:
+        maybe_ours = (" (an earlier try of this step got no answer: it may have been this "
+                      "run's own create; check before replaying)") if ctx.try_number > 1 else ""
+        raise AlreadyExistsError(f"repository {full_name} already existed (409){maybe_ours}")
+    repo = result.repository
+    ctx.annotate(f"repository {full_name}: created")
+    return _repo_json(repo.full_name, repo.clone_url(), repo.mainbranch)
+
+
+@durable.activity("githost.delete_repository", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)
+async def delete_repository(ctx: durable.ActivityContext, full_name: str) -> str:
+    """Delete a repository; 404 counts as done."""
+    workspace, slug = _split(full_name)
+    with boundary("githost"):
+        outcome = await _githost(ctx).delete(workspace, slug)
+    ctx.annotate(f"repository {full_name}: {_gone(outcome)}")
+    return outcome.value
+
+
+# -- git ------------------------------------------------------------------------------------
+def _git_env(url: str) -> dict[str, str]:
+    """For an https remote, the git host's token as a header through git's environment."""
+    if not url.startswith("https://"):
+        return {}
+    token = config.service("githost").token
+    return {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader",
+            "GIT_CONFIG_VALUE_0": f"Authorization: Bearer {token}"}
+
+
+@contextmanager
+def _git_deadline(what: str) -> Iterator[None]:
+    seconds = config.git_timeout()
+    try:
+        with anyio.fail_after(seconds):
+            yield
+    except TimeoutError as exc:
+        raise GitTimeoutError(
+            f"{what} did not finish within {seconds:g} s (DURABLE_GIT_TIMEOUT): git and the "
+            "processes it started were killed") from exc
+
+
+def _scratch() -> Path:
+    workdir = config.git_workdir()
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="durable-git-", dir=workdir))
+
+
+async def _clone_at(source: Repo, sha: str, into: Path) -> None:
+    url = str(source["clone_url"])
+    await git.run_git("clone", "--quiet", "--bare", "--", url, str(into), env=_git_env(url))
+    await git.rev_parse(into, sha)  # the exact commit the journal names must be there
+
+
+def _short(sha: str | None) -> str:
+    return sha[:12] if sha else "(none)"
+
+
+@durable.activity("git.remote_head", retry=READ_RETRY)
+async def remote_head(ctx: durable.ActivityContext, repo: Repo) -> str | None:
+    """The commit the repository's main branch is at (``git ls-remote``), or None."""
+    url, branch = str(repo["clone_url"]), str(repo["branch"])
+    with _git_deadline(f"git ls-remote {repo['full_name']}"):
+        sha = await git.remote_sha(url, branch, env=_git_env(url))
+    ctx.annotate(f"{repo['full_name']} {branch}: at {_short(sha)}")
+    return sha
+
+
+@durable.activity("git.force_push_with_lease",
+                  retry=durable.RetryPolicy(max_attempts=2, non_retryable=(git.GitError,)))
+async def force_push(ctx: durable.ActivityContext, source: Repo, sha: str, target: Repo,
+                     expected_sha: str | None) -> dict[str, Any]:
+    """Force-push commit ``sha`` of ``source`` to ``target``'s branch, only if that branch is
+    still at ``expected_sha`` (recorded in the journal by an earlier step)."""
+    target_url, branch = str(target["clone_url"]), str(target["branch"])
+    work = _scratch()
+    try:
+        with _git_deadline(f"force push to {target['full_name']}"):
+            await _clone_at(source, sha, work)
+            await ctx.assert_still_mine()  # git does not go through ctx.http: check here
+            try:
+                result = await git.force_push_with_lease(
+                    work, target_url, branch, expected_sha=expected_sha, src=sha,
+                    env=_git_env(target_url))
+            except git.StaleLeaseError as exc:
+                raise RemoteMovedError(
+                    f"refusing to force-push: {target['full_name']} {branch} is no longer at "
+                    f"{_short(expected_sha)}, the commit this run recorded; someone else "
+                    "pushed meanwhile") from exc
+            except git.PushRejectedError as exc:
+                raise RemoteMovedError(str(exc)) from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ctx.annotate(f"{target['full_name']} {branch}: forced to {_short(result.sha)} "
+                 f"(was {_short(expected_sha)}; {result.status.value})")
+    return {"ref": result.ref, "status": result.status.value, "sha": result.sha,
+            "previous": expected_sha}
+
+
+@durable.activity("git.push", retry=durable.RetryPolicy(max_attempts=2,
+                                                        non_retryable=(git.GitError,)))
+async def push(ctx: durable.ActivityContext, source: Repo, sha: str,
+               target: Repo) -> dict[str, Any]:
+    """Push commit ``sha`` of ``source`` to ``target``'s branch without force."""
+    target_url, branch = str(target["clone_url"]), str(target["branch"])
+    work = _scratch()
+    try:
+        with _git_deadline(f"push to {target['full_name']}"):
+            await _clone_at(source, sha, work)
+            await ctx.assert_still_mine()
+            try:
+                result = await git.push(work, target_url, branch, src=sha,
+                                        env=_git_env(target_url))
+            except git.PushRejectedError as exc:
+                raise RemoteMovedError(str(exc)) from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ctx.annotate(f"{target['full_name']} {branch}: {result.status.value} at "
+                 f"{_short(result.sha)}")
+    return {"ref": result.ref, "status": result.status.value, "sha": result.sha}
+
+
+# -- text to speech -------------------------------------------------------------------------
+@durable.activity("tts.synthesize", timeout=TTS_TIMEOUT,
+                  retry=durable.RetryPolicy(max_attempts=4, initial_delay=1, max_delay=30),
+                  on_doubt="retry")
+async def synthesize(ctx: durable.ActivityContext, job: str, item: int, voice: str,
+                     text: str) -> dict[str, Any]:
+    """Generate item ``item`` of ``job``: one billed TTS call, written to the audio dir.
+
+    The idempotency key is the step's key (``<run id>/item-<n>``, the same on every try and
+    attempt) plus the item: a repeated call is answered from the service's record and not
+    billed again. That is what makes ``on_doubt="retry"`` safe for a paid call.
+    """
+    if not _SAFE_NAME.match(job):
+        raise durable.NonRetryableError(f"job id {job!r} is not a safe file name")
+    cfg = config.service("tts")
+    folder = config.audio_dir() / job
+    key = f"{ctx.idempotency_key}#{item}"
+    with boundary("tts"):
+        speech = await TtsClient(ctx.http, cfg.url, cfg.token).synthesize(
+            voice, text, idempotency_key=key)
+    path = folder / f"{item:04d}.mp3"
+    await _write_atomically(path, speech.audio)
+    ctx.annotate(f"item {item}: {len(speech.audio)} bytes"
+                 + (" (answered from the idempotency record: not billed again)"
+                    if speech.replayed else ""))
+    return {"item": item, "path": str(path), "bytes": len(speech.audio),
+            "sha256": hashlib.sha256(speech.audio).hexdigest(), "replayed": speech.replayed}
+
+
+async def _write_atomically(path: Path, data: bytes) -> None:
+    folder = anyio.Path(path.parent)
+    await folder.mkdir(parents=True, exist_ok=True)
+    tmp = anyio.Path(f"{path}.{os.getpid()}.tmp")
+    await tmp.write_bytes(data)
+    await tmp.replace(path)
+
+
+# -- notifications --------------------------------------------------------------------------
+def _delivery_unknown(exc: ServiceError) -> bool:
+    """True when the message may have arrived although the call failed."""
+    if exc.status is None:  # no answer: only a connection never made surely did not deliver
+        return not isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout
+                              | httpx.PoolTimeout)
+    return exc.status not in (429, 503) and exc.status >= 500
+
+
+@durable.activity("notify.send", timeout=HTTP_TIMEOUT,
+                  retry=durable.RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=10),
+                  on_doubt="fail")
+async def notify(ctx: durable.ActivityContext, message: dict[str, Any]) -> dict[str, str]:
+    """Post ``message`` to the configured hook (``DURABLE_NOTIFY_HOOK``).
+
+    Once per outcome: the workflow sends each outcome from one journaled step, so a replay
+    or a recovered attempt never sends a completed notification again. Within the step,
+    every try carries the same idempotency key, and a try is repeated only when the message
+    surely did not arrive (connection refused, 429, 503); when it may have arrived (a 5xx,
+    a timeout, a dropped connection) the step fails instead of risking a duplicate, and a
+    send cut off by a crash is in doubt (``on_doubt="fail"``): an operator checks the hook
+    and replays with ``--accept-in-doubt`` or ``--rerun-in-doubt``.
+    """
+    cfg = config.service("notify")
+    hook = config.notify_hook()
+    try:
+        with boundary("notify"):
+            await Notifier(ctx.http, cfg.url, cfg.token).send(
+                hook, message, idempotency_key=ctx.idempotency_key)
+    except ServiceError as exc:
+        if _delivery_unknown(exc):
+            raise durable.NonRetryableError(
+                f"notification may or may not have been delivered ({exc}); not sent again "
+                "to avoid a duplicate") from exc
+        raise
+    ctx.annotate(f"notified {hook}: {message.get('outcome', 'message')}")
+    return {"hook": hook, "outcome": str(message.get("outcome", ""))}

@@ -1,0 +1,175 @@
+"""slot.reset over real HTTP (fake services) and real git: the promise-race incident.
+
+The incident's abandoned task went on deleting, force-pushed, marked the slot vacant and sent
+"reset finished" after the user had been told "reset failed". Here a step that times out is
+cancelled into the call in flight (git and its hook are killed), an attempt that lost its
+lease can send and write nothing more, and each outcome is notified once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+import durable
+from durable import RunState
+
+from .helpers import poll, running_worker
+from .ops import Ops, alive, git_head, ops_fixture  # noqa: F401
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_reset_returns_the_slot(ops: Ops) -> None:
+    await ops.slot("slot-1")
+    template_sha = git_head(ops.services.repo_path("templates", "starter"))
+    done = await ops.run("slot.reset", "slot-1", key="slot-1", id="reset-1")
+    assert done.state is RunState.COMPLETED, done.error
+    state = ops.services.state()
+    assert state["databases"] == []
+    [app] = state["applications"]
+    assert app["envs"] == [] and app["persistent_storages"] == []
+    assert len(app["file_storages"]) == 1  # configuration mounts are kept
+    assert git_head(ops.services.repo_path("slots", "slot-1")) == template_sha
+    slot = await ops.record("slot-1")
+    assert slot.occupancy == "vacant" and slot.updated_by == "reset-1"
+    [note] = ops.services.notifications()
+    assert note["body"]["outcome"] == "reset_finished"
+    # every request carried the attempt's fencing token and a step's idempotency key
+    for entry in ops.services.ledger():
+        assert entry["fencing_token"] == done.epoch
+        assert entry["idempotency_key"].startswith("reset-1/")
+    journal = await ops.journal_text("reset-1")
+    assert ops.services.token not in journal and "s3cret-value" not in journal
+    assert "database db-slot-1: deleted" in journal
+    assert "env vars of app-slot-1: deleted API_KEY, DEBUG" in journal
+
+
+async def test_a_force_push_that_hangs_is_killed_and_nothing_after_it_runs(
+        ops: Ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    await ops.slot("slot-2")
+    repo = ops.services.repo_path("slots", "slot-2")
+    before = git_head(repo)
+    pid_file = ops.tmp_path / "hook.pid"
+    hook = repo / "hooks" / "pre-receive"
+    hook.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
+    hook.chmod(0o755)
+    monkeypatch.setenv("DURABLE_GIT_TIMEOUT", "1")
+
+    done = await ops.run("slot.reset", "slot-2", key="slot-2", id="reset-2")
+
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "did not finish within 1 s" in done.error
+    hook_pid = int(pid_file.read_text())
+    await poll(lambda: not alive(hook_pid), timeout=5)  # the hook (in flight) was killed
+    assert git_head(repo) == before  # the remote did not move
+    # the slot stays occupied; its state reason is the recovery report
+    slot = await ops.record("slot-2")
+    assert slot.occupancy == "occupied" and slot.app == "app-slot-2"
+    reason = slot.state_reason or ""
+    assert reason.startswith("Reset of slot-2 failed; the slot stays occupied.")
+    assert "Run reset-2 (slot.reset) is failed." in reason
+    assert "database db-slot-2: deleted" in reason
+    assert "volumes of app-slot-2: deleted data" in reason
+    assert "git.force_push_with_lease" in reason
+    assert "python -m durable show reset-2 --step" in reason
+    # exactly one notification: the failure, with the same report; never "finished"
+    [note] = ops.services.notifications()
+    assert note["body"]["outcome"] == "reset_failed" and note["body"]["text"] == reason
+    # after the push only the failure path ran: the slot record and the notification
+    journal = await ops.client.journal("reset-2")
+    push_step = next(e.step for e in journal if e.name == "git.force_push_with_lease")
+    later = {e.name for e in journal if e.step is not None and e.step > push_step}
+    assert later == {"durable.set_records", "notify.send"}
+    assert ops.services.ledger()[-1]["path"] == "/hooks/slots"  # the notification
+
+
+async def test_a_superseded_attempt_deletes_nothing_more_and_reports_nothing(
+        ops: Ops) -> None:
+    """The attempt's lease lapses (no heartbeats) while a delete hangs: the call in flight
+    is aborted, nothing later is sent or written; the next attempt finishes, notifying once."""
+    await ops.slot("slot-4")
+    ops.services.add_fault("/api/v1/applications/app-slot-4/storages/*", method="DELETE",
+                           hang=True)
+    await ops.client.start("slot.reset", "slot-4", id="reset-4", key="slot-4")
+    [run] = await ops.client.store.claim("worker-a", 1.5, 1)
+    async with httpx.AsyncHTTPTransport() as transport:
+        attempt = durable.Attempt(ops.client.store, run, durable.default_registry, lease=1.5,
+                                  lease_sent_at=anyio.current_time(), transport=transport)
+        await attempt.execute()  # nobody renews the lease: the attempt stops at its deadline
+
+    [hung] = [e for e in ops.services.ledger() if "/storages/" in e["path"]]
+    await ops.services.wait_until_ended(seq=hung["seq"])
+    assert hung["seq"] == ops.services.ledger()[-1]["seq"]  # nothing was sent after it
+    assert ops.services.ledger()[-1]["disconnected"]  # the call in flight was aborted
+    assert ops.services.notifications() == []
+    slot = await ops.record("slot-4")
+    assert slot.occupancy == "occupied" and slot.state_reason is None  # nothing written
+    stale = await ops.client.store.get_run("reset-4")
+    assert stale is not None and stale.state is RunState.RUNNING and stale.epoch == run.epoch
+
+    ops.services.clear_faults()
+    await poll(lambda: ops.client.store.recover_stale("reset-4", run.epoch), timeout=5)
+    async with running_worker(ops.client, durable.default_registry):
+        done = await ops.client.wait("reset-4", timeout=30)
+    assert done.state is RunState.COMPLETED, done.error
+    [note] = ops.services.notifications()
+    assert note["body"]["outcome"] == "reset_finished" and note["fencing_token"] == done.epoch
+    journal = await ops.client.journal("reset-4")
+    [doubt] = [e for e in journal if e.kind is durable.EntryKind.STEP_IN_DOUBT]
+    assert doubt.name == "paas.delete_volumes"
+    completed = [e.name for e in journal if e.kind is durable.EntryKind.STEP_COMPLETED]
+    assert completed.count("paas.delete_database") == 1  # not repeated by the new attempt
+    assert (await ops.record("slot-4")).occupancy == "vacant"
+
+
+async def test_a_moved_remote_is_never_force_pushed_over(ops: Ops) -> None:
+    """Someone pushes to the slot's repository after the reset recorded its commit."""
+    await ops.slot("slot-5")
+    repo = ops.services.repo_path("slots", "slot-5")
+    ops.services.add_fault("/api/v1/databases/db-slot-5", method="DELETE", latency=0.3)
+    await ops.client.start("slot.reset", "slot-5", id="reset-5", key="slot-5")
+    async with running_worker(ops.client, durable.default_registry):
+        await ops.services.wait_for_entry(lambda e: e["path"] == "/api/v1/databases/db-slot-5")
+        moved = _push_a_commit(repo, ops.tmp_path / "clone")
+        done = await ops.client.wait("reset-5", timeout=30)
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "refusing to force-push" in done.error
+    assert git_head(repo) == moved  # the other push survives
+    slot = await ops.record("slot-5")
+    assert slot.occupancy == "occupied"
+    assert [n["body"]["outcome"] for n in ops.services.notifications()] == ["reset_failed"]
+
+
+def _push_a_commit(bare: Path, work: Path) -> str:
+    env = {"GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@x", "GIT_COMMITTER_NAME": "x",
+           "GIT_COMMITTER_EMAIL": "x@x", "PATH": "/usr/bin:/bin"}
+    subprocess.run(["git", "clone", "-q", str(bare), str(work)], check=True, env=env)
+    (work / "hotfix.txt").write_text("someone else's work\n")
+    for args in (["add", "-A"], ["commit", "-qm", "hotfix"], ["push", "-q", "origin", "main"]):
+        subprocess.run(["git", *args], cwd=work, check=True, env=env)
+    return git_head(bare)
+
+
+async def test_bad_input_and_missing_configuration_touch_nothing(
+        ops: Ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    await ops.slot("slot-6")
+    done = await ops.run("slot.reset", "no-such-slot", key="no-such-slot", id="reset-x")
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "unknown slot 'no-such-slot'" in done.error
+
+    monkeypatch.delenv("DURABLE_PAAS_TOKEN")
+    done = await ops.run("slot.reset", "slot-6", key="slot-6", id="reset-6")
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "set DURABLE_PAAS_TOKEN" in done.error
+    assert ops.services.ledger() == [] and ops.services.notifications() == []
+    assert (await ops.record("slot-6")).state_reason is None
+    assert len(ops.services.state()["databases"]) == 1
+    journal = await ops.client.journal("reset-6")
+    assert [e.name for e in journal if e.kind.value == "step_failed"] == ["config.check"]
+    assert ops.services.token not in json.dumps([dict(e.data) for e in journal])

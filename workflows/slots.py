@@ -1,0 +1,174 @@
+"""Slot workflows: reset (return a slot), teardown (retire it) and promote (copy its code).
+
+Each runs with the slot as its concurrency key, so at most one of them runs per slot at a
+time (enforced by the database). The slot's record changes only through fenced steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import durable
+from activities import steps
+
+from ._outcome import failure_report
+from .records import Slot, SlotError, load_slot, save_slot
+
+__all__ = ["TeardownIncompleteError", "promote", "reset", "teardown"]
+
+
+class TeardownIncompleteError(Exception):
+    """Some deletes of a teardown failed; the slot keeps its ids and lists what remains."""
+
+
+def _require(slot: Slot, *fields: str) -> None:
+    missing = [f for f in fields if getattr(slot, f) is None]
+    if missing:
+        raise SlotError(f"slot {slot.name} has no {', '.join(missing)} on record; "
+                        "nothing was touched")
+
+
+@durable.workflow("slot.reset")
+async def reset(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, Any]:
+    """Return a slot: delete its database, env vars and volumes, force-push the template,
+    mark it vacant, notify.
+
+    Start it after the grace period, cancellable until then, keyed by the slot::
+
+        await client.start("slot.reset", "slot-3", key="slot-3", delay=grace)
+
+    Before deleting anything it checks the configuration, the slot record, the application,
+    both repositories, and records in the journal the commit the slot's branch is at and the
+    template commit to push: the force push later uses ``--force-with-lease`` with exactly
+    those, so no second attempt can push over a moved remote.
+
+    On failure the slot stays occupied, its state reason is the recovery report (what was
+    already deleted, what failed, links to each step), and the user is notified once with
+    the same report; the run then fails. The "finished" notification is sent only after the
+    fenced write that marks the slot vacant, and never after a failure was reported for the
+    same outcome. A bad slot or configuration fails the run before anything is touched.
+    """
+    await steps.check_config(ctx, ["paas", "githost", "git", "notify"])
+    slot = await load_slot(ctx, slot_name)
+    if slot.lifecycle == "retired":
+        raise SlotError(f"slot {slot_name} is retired; nothing was touched")
+    if slot.occupancy != "occupied":
+        raise SlotError(f"slot {slot_name} is already vacant; nothing was touched")
+    try:
+        _require(slot, "app", "database", "repository", "template")
+        assert slot.app and slot.database and slot.repository and slot.template
+        await steps.get_application(ctx, slot.app)
+        repo = await steps.find_repository(ctx, slot.repository)
+        template = await steps.find_repository(ctx, slot.template)
+        expected = await steps.remote_head(ctx, repo)
+        template_sha = await steps.remote_head(ctx, template)
+        if template_sha is None:
+            raise SlotError(f"template {slot.template} has no commits; nothing was touched")
+        await steps.delete_database(ctx, slot.database)
+        await steps.delete_env_vars(ctx, slot.app)
+        await steps.delete_volumes(ctx, slot.app)
+        pushed = await steps.force_push(ctx, template, template_sha, repo, expected)
+        await save_slot(ctx, slot.evolve(occupancy="vacant",
+                                         state_reason=f"reset by run {ctx.workflow_id}"),
+                        summary=f"slot {slot_name}: vacant")
+    except Exception as exc:
+        text, key = await failure_report(
+            ctx, f"Reset of {slot_name} failed; the slot stays occupied.", exc)
+        await save_slot(ctx, slot.evolve(occupancy="occupied", state_reason=text),
+                        summary=f"slot {slot_name}: stays occupied (reset failed)",
+                        key=f"{key}-record")
+        await _notify_quietly(ctx, {"outcome": "reset_failed", "slot": slot_name,
+                                    "run": ctx.workflow_id, "text": text}, key=f"{key}-notify")
+        raise
+    await steps.notify(ctx, {"outcome": "reset_finished", "slot": slot_name,
+                             "run": ctx.workflow_id,
+                             "text": f"Reset of {slot_name} finished; the slot is vacant."})
+    return {"slot": slot_name, "state": "vacant", "sha": pushed["sha"]}
+
+
+async def _notify_quietly(ctx: durable.WorkflowContext, message: dict[str, Any],
+                          key: str) -> None:
+    """Send a failure notification; if that fails too, the journal has it, and the run
+    fails with its original error, not the notifier's."""
+    try:
+        await ctx.step(steps.notify, message, key=key)
+    except durable.DurableError:
+        pass
+
+
+@durable.workflow("slot.teardown")
+async def teardown(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, Any]:
+    """Retire a slot: delete its database, application and repository.
+
+    Start it keyed by the slot::
+
+        await client.start("slot.teardown", "slot-3", key="slot-3")
+
+    Each delete is attempted and journaled on its own (404 counts as done), and failures are
+    collected. If any failed, the slot keeps every id, its state reason lists what remains
+    (with the recovery report), and the run fails; a replay (``python -m durable replay
+    ID``) retries only the deletes that failed. Only when every delete is confirmed is the
+    slot retired and its app, database and repository ids cleared, in one fenced write. The
+    PaaS project is not deleted here, so its id is kept.
+    """
+    await steps.check_config(ctx, ["paas", "githost"])
+    slot = await load_slot(ctx, slot_name)
+    targets = [("database", slot.database, steps.delete_database),
+               ("application", slot.app, steps.delete_application),
+               ("repository", slot.repository, steps.delete_repository)]
+    remaining: list[str] = []
+    done: list[str] = []
+    for kind, ident, activity in targets:
+        if ident is None:
+            continue
+        try:
+            outcome = await ctx.step(activity, ident, key=f"delete-{kind}")
+            done.append(f"{kind} {ident}: {str(outcome).replace('_', ' ')}")
+        except durable.ActivityError as exc:
+            remaining.append(f"{kind} {ident} ({exc})")
+    if remaining:
+        headline = (f"Teardown of {slot_name} is incomplete; its ids are kept. Still there:\n"
+                    + "\n".join(f"  - {r}" for r in remaining)
+                    + f"\nReplay to retry only these: python -m durable replay "
+                      f"{ctx.workflow_id}")
+        error = TeardownIncompleteError(
+            f"{len(remaining)} of {len(remaining) + len(done)} deletes failed; still there: "
+            + "; ".join(remaining))
+        text, key = await failure_report(ctx, headline, error)
+        await save_slot(ctx, slot.evolve(state_reason=text),
+                        summary=f"slot {slot_name}: ids kept, {len(remaining)} remaining",
+                        key=f"{key}-record")
+        raise error
+    await save_slot(ctx, slot.evolve(lifecycle="retired", occupancy="vacant", app=None,
+                                     database=None, repository=None,
+                                     state_reason=f"retired by run {ctx.workflow_id}"),
+                    summary=f"slot {slot_name}: retired, ids cleared")
+    return {"slot": slot_name, "state": "retired", "deleted": done}
+
+
+@durable.workflow("slot.promote")
+async def promote(ctx: durable.WorkflowContext, slot_name: str, target: str) -> dict[str, Any]:
+    """Copy a slot's code into a new repository ``target`` (``workspace/slug``).
+
+    Start it keyed by the slot::
+
+        await client.start("slot.promote", "slot-3", "acme/shop", key="slot-3")
+
+    Looks the target up first: found fails ("already exists"), and *unknown* (401, 403,
+    5xx, no answer) fails too, never proceeding on a guess; only a 404 goes on. Then creates
+    it (an "already existed" 409 fails the run) and pushes the slot's current commit,
+    recorded in the journal, without force.
+    """
+    await steps.check_config(ctx, ["githost", "git"])
+    slot = await load_slot(ctx, slot_name)
+    _require(slot, "repository")
+    assert slot.repository is not None
+    await steps.require_absent(ctx, target)
+    source = await steps.find_repository(ctx, slot.repository)
+    sha = await steps.remote_head(ctx, source)
+    if sha is None:
+        raise SlotError(f"{slot.repository} has no commits on {source['branch']}: "
+                        "nothing to promote")
+    created = await steps.create_repository(ctx, target)
+    pushed = await steps.push(ctx, source, sha, created)
+    return {"slot": slot_name, "repository": target, "sha": pushed["sha"]}

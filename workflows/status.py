@@ -1,0 +1,49 @@
+"""What a waiting screen shows for a slot's reset: found by a direct query, never guessed.
+
+The incident's screen scanned the 40 newest jobs; past 40 it answered "none", and the client
+showed "none" as "reset finished". Here the latest reset of a slot is one indexed query
+(``client.latest``), and a run that cannot be found reads as ``"unknown"``, whose message
+says so: it is never shown as success.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import durable
+
+__all__ = ["MESSAGES", "Status", "reset_status", "run_status", "status_of"]
+
+Status = Literal["done", "failed", "cancelled", "running", "unknown"]
+
+MESSAGES: dict[Status, str] = {
+    "done": "Reset finished: the slot is vacant.",
+    "failed": "Reset failed: the slot stays occupied; its state reason says what was done.",
+    "cancelled": "Reset cancelled before it finished.",
+    "running": "Reset in progress.",
+    "unknown": "Cannot confirm the reset: no run was found. This is not a success.",
+}
+
+
+def status_of(run: durable.Run | None) -> Status:
+    """Map a run (or its absence) to what a user is told; absence is ``"unknown"``."""
+    if run is None:
+        return "unknown"
+    state = run.state
+    if state is durable.RunState.COMPLETED:
+        return "done"
+    if state is durable.RunState.FAILED:
+        return "failed"
+    if state is durable.RunState.CANCELLED:
+        return "cancelled"
+    return "running"  # queued (a delayed start counts) or running
+
+
+async def reset_status(client: durable.Client, slot: str) -> Status:
+    """The status of the latest ``slot.reset`` of ``slot``, by a direct query."""
+    return status_of(await client.latest("slot.reset", slot))
+
+
+async def run_status(client: durable.Client, run_id: str) -> Status:
+    """The status of run ``run_id``; a run that cannot be found is ``"unknown"``."""
+    return status_of(await client.find(run_id))
