@@ -1,0 +1,67 @@
+"""slot.teardown: a failed delete keeps the slot's ids and lists what remains.
+
+The incident's teardown logged delete failures, marked the slot retired and cleared its
+ids, so the leftovers could never be found again.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from durable import RunState
+
+from .helpers import running_worker
+from .ops import Ops, ops_fixture  # noqa: F401
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_failed_delete_keeps_the_ids_and_a_replay_retries_only_what_is_left(
+        ops: Ops) -> None:
+    await ops.slot("slot-3")
+    ops.services.add_fault("/2.0/repositories/slots/slot-3", method="DELETE", status=403,
+                           body={"type": "error", "error": {"message": "missing scope"}})
+
+    failed = await ops.run("slot.teardown", "slot-3", key="slot-3", id="teardown-3")
+
+    assert failed.state is RunState.FAILED
+    assert failed.error is not None and "1 of 3 deletes failed" in failed.error
+    state = ops.services.state()
+    assert state["databases"] == [] and state["applications"] == []  # these deletes ran
+    assert len(state["repositories"]) == 2  # the template and slot-3's, still there
+    slot = await ops.record("slot-3")
+    assert slot.lifecycle == "active"
+    assert (slot.app, slot.database, slot.repository, slot.project) == (
+        "app-slot-3", "db-slot-3", "slots/slot-3", "proj-slot-3")  # ids kept
+    reason = slot.state_reason or ""
+    assert "Still there:\n  - repository slots/slot-3" in reason
+    assert "HTTP 403" in reason and "check DURABLE_GITHOST_TOKEN" in reason
+    assert "python -m durable replay teardown-3" in reason
+    assert "database db-slot-3: deleted" in reason  # what is already done, from the journal
+
+    ops.services.clear_faults()
+    before = len(ops.services.ledger())
+    await ops.client.replay("teardown-3")
+    async with running_worker(ops.client, ops.client.registry):
+        done = await ops.client.wait("teardown-3", timeout=30)
+
+    assert done.state is RunState.COMPLETED, done.error
+    after = [(e["method"], e["path"]) for e in ops.services.ledger()[before:]]
+    assert after == [("DELETE", "/2.0/repositories/slots/slot-3")]  # only what was left
+    assert not ops.services.repo_path("slots", "slot-3").exists()
+    slot = await ops.record("slot-3")
+    assert slot.lifecycle == "retired" and slot.occupancy == "vacant"
+    assert (slot.app, slot.database, slot.repository) == (None, None, None)
+    assert slot.project == "proj-slot-3"  # not deleted by a teardown: still findable
+    assert done.result["deleted"] == ["database db-slot-3: deleted",
+                                      "application app-slot-3: deleted",
+                                      "repository slots/slot-3: deleted"]
+
+
+async def test_already_gone_counts_as_done(ops: Ops) -> None:
+    await ops.slot("slot-8")
+    ops.services.reset()  # everything vanished already (an earlier, lost teardown)
+    done = await ops.run("slot.teardown", "slot-8", key="slot-8", id="teardown-8")
+    assert done.state is RunState.COMPLETED, done.error
+    assert all(d.endswith("already gone") for d in done.result["deleted"])
+    assert (await ops.record("slot-8")).lifecycle == "retired"
