@@ -9,10 +9,8 @@ Every PostgreSQL test gets its own schema, dropped at teardown.
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -25,45 +23,16 @@ from durable._errors import ConfigError, SchemaVersionError, StoreUnavailableErr
 from durable._types import EntryKind, Fence, JournalWrite, NewRun, Run, RunState
 from durable.store import SCHEMA_VERSION, Store, store_from_url
 from tests.helpers import kinds, poll
+from tests.pg import TRIO_SKIP, pg_url, postgres_server, psycopg
 
-try:
-    import psycopg
-    from psycopg import sql
-except ImportError:  # without the postgres extra, the postgres tests skip
-    psycopg = None  # type: ignore[assignment]
+__all__ = ["pg_url", "postgres_server"]  # the PostgreSQL fixtures and PG_URL: tests/pg.py
 
 pytestmark = pytest.mark.anyio
 
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 LEASE = 30.0
-TRIO_SKIP = "psycopg's async driver needs an asyncio loop: the PostgreSQL store is asyncio-only"
 
 
 # -- fixtures ------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def postgres_server() -> str:
-    if psycopg is None:
-        pytest.skip("psycopg is not installed (pip install 'durable[postgres]')")
-    try:
-        with psycopg.connect(PG_URL, connect_timeout=3):
-            pass
-    except psycopg.Error as exc:
-        reason = f"no PostgreSQL server reachable at {PG_URL}: {' '.join(str(exc).split())}"
-        if os.environ.get("DURABLE_REQUIRE_POSTGRES"):  # CI: these tests must run
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return PG_URL
-
-
-@pytest.fixture
-def pg_url(postgres_server: str) -> Iterator[str]:
-    """A PostgreSQL store URL with a schema of its own, dropped at teardown."""
-    schema = f"durable_test_{uuid.uuid4().hex[:12]}"
-    yield f"{postgres_server}?schema={schema}"
-    with psycopg.connect(postgres_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
     if request.param == "sqlite":
