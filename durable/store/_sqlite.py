@@ -76,7 +76,8 @@ class SqliteStore(Store):
         self._db: DbThread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, busy_timeout: float | None = None) -> sqlite3.Connection:
+        busy = self._busy_timeout if busy_timeout is None else busy_timeout
         if self.path != ":memory:":
             target = Path(self.path)
             if not self._create and not target.exists():
@@ -89,12 +90,12 @@ class SqliteStore(Store):
         try:
             conn = sqlite3.connect(
                 self.path,
-                timeout=self._busy_timeout,
+                timeout=busy,
                 isolation_level=None,
                 check_same_thread=False,
             )
             conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(busy * 1000)}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if self.path != ":memory:" and str(mode).lower() != "wal":
                 raise StoreUnavailableError(f"cannot put {self.path} in WAL mode (got {mode})")
@@ -106,7 +107,9 @@ class SqliteStore(Store):
         return conn
 
     async def open(self) -> None:
-        db = DbThread(self._connect, busy_retry=max(30.0, self._busy_timeout))
+        inline = self.path != ":memory:" and self._synchronous in ("OFF", "NORMAL")
+        db = DbThread(self._connect, busy_retry=max(30.0, self._busy_timeout),
+                      connect_inline=(lambda: self._connect(0.0)) if inline else None)
         try:
             db.start()
         except StoreUnavailableError:
@@ -116,6 +119,7 @@ class SqliteStore(Store):
         self._db = db
         try:
             await self._run(self._migrate)
+            db.start_inline()
         except BaseException:
             await self.aclose()
             raise

@@ -9,6 +9,15 @@ loop (``call_soon_threadsafe`` on asyncio, the trio token on trio).
 Group commit: write jobs that queue up while the thread is busy run in one transaction,
 each inside its own SAVEPOINT so one failing job cannot undo another's work. A lone job pays
 one commit; a thousand concurrent runs share commits.
+
+The inline fast path: handing a job to a thread and being woken costs about 0.1 ms here (two
+GIL hand-offs and a self-pipe write), while a WAL commit with ``synchronous=NORMAL`` costs
+about 0.015 ms. So when it can, a job runs right in the event loop's thread on a second
+connection whose busy timeout is zero: if another connection holds the write lock, it gives
+up at once (nothing done) and the job goes to the database thread, which waits its turn.
+Inline jobs never wait on a lock and never fsync (the fast path is off for
+``synchronous=FULL``), so they cannot stall the event loop; the caller still passes a
+checkpoint before (a cancelled caller writes nothing) and after (others get to run).
 """
 
 from __future__ import annotations
@@ -22,11 +31,16 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 import sniffio
+from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
 
 T = TypeVar("T")
 
 MAX_BATCH = 512
 """The most write jobs committed in one transaction."""
+
+
+def _checkpoint(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
 
 class _Job(Generic[T]):
@@ -39,6 +53,7 @@ class _Job(Generic[T]):
         self.error: BaseException | None = None
         self.event = anyio.Event()
         self.wake = _waker(self.event)
+
 
 
 def _waker(event: anyio.Event) -> Callable[[], None]:
@@ -69,15 +84,38 @@ def _waker(event: anyio.Event) -> Callable[[], None]:
     return wake_asyncio
 
 
-class DbThread:
-    """Owns one sqlite3 connection in a thread of its own."""
+CHECKPOINT_EVERY = 500
+"""Inline commits between two WAL checkpoints (run by the database thread)."""
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], busy_retry: float) -> None:
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
+class _Miss(Exception):
+    """The inline attempt found the database busy and did nothing."""
+
+
+class DbThread:
+    """Owns one sqlite3 connection in a thread of its own (and maybe one inline)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        busy_retry: float,
+        connect_inline: Callable[[], sqlite3.Connection] | None = None,
+    ) -> None:
         self._connect = connect
+        self._connect_inline = connect_inline
         self._busy_retry = busy_retry
         self._queue: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
+        self._inline: sqlite3.Connection | None = None
+        self._inline_commits = 0
+        self.inline_jobs = 0
+        self.thread_jobs = 0
 
     def start(self) -> None:
         """Connect in the calling thread (errors surface here), then start the thread."""
@@ -86,12 +124,48 @@ class DbThread:
         self._thread = threading.Thread(target=self._main, name="durable-sqlite", daemon=True)
         self._thread.start()
 
+    def start_inline(self) -> None:
+        """Open the inline connection (after migrations: it never changes the schema)."""
+        if self._connect_inline is not None:
+            self._inline = self._connect_inline()
+            self._inline.execute("PRAGMA wal_autocheckpoint = 0")
+
     def stop(self) -> None:
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
         if self._thread is None:
             return
         self._queue.put(None)
         self._thread.join()
         self._thread = None
+
+    def _run_inline(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
+                    write: bool) -> T:
+        if not write:
+            try:
+                return fn(conn)
+            except sqlite3.OperationalError as exc:
+                if _busy(exc):
+                    raise _Miss from exc
+                raise
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise _Miss from exc
+            raise
+        try:
+            result = fn(conn)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        self._inline_commits += 1
+        if self._inline_commits >= CHECKPOINT_EVERY:
+            self._inline_commits = 0
+            self._queue.put(_Job(_checkpoint, write=False))
+        return result
 
     async def run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         """Run ``fn(conn)`` in the database thread; writes run inside a transaction.
@@ -101,6 +175,18 @@ class DbThread:
         """
         if self._thread is None:
             raise RuntimeError("the store is closed")
+        inline = self._inline
+        if inline is not None and not inline.in_transaction:
+            await checkpoint_if_cancelled()
+            try:
+                result = self._run_inline(inline, fn, write)
+            except _Miss:
+                pass
+            else:
+                self.inline_jobs += 1
+                await cancel_shielded_checkpoint()
+                return result
+        self.thread_jobs += 1
         job: _Job[T] = _Job(fn, write)
         self._queue.put(job)
         await job.event.wait()
