@@ -162,7 +162,7 @@ async def _cmd_migrate(args: argparse.Namespace) -> int:
         version = await store.schema_version()
     finally:
         await store.aclose()
-    print(f"{args.db}: schema version {version}")
+    print(f"{store.url}: schema version {version}")
     return 0
 
 
@@ -171,7 +171,8 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
     import_modules(_imports(args))
     if not default_registry.workflows:
         raise ConfigError("no workflows registered: pass --import MODULE (or DURABLE_IMPORT)")
-    store = store_from_url(args.db)
+    # a connection for each attempt's journal writes, plus the claim, renew and sweep loops
+    store = store_from_url(args.db, pool_size=min(args.concurrency + 3, 40))
     await store.open()
     try:
         worker = Worker(store, concurrency=args.concurrency, lease=args.lease,

@@ -421,9 +421,7 @@ def test_migrate_creates_the_schema_and_a_newer_version_is_refused(pg_url: str) 
         assert version == str(newer)
 
 
-# -- engine bugs found while writing these tests (xfail until durable/_cli.py is fixed) -------
-@pytest.mark.xfail(reason="durable/_cli.py _cmd_migrate prints args.db, not store.url",
-                   strict=False)
+# -- two bugs found while writing these tests, fixed ---------------------------------------
 def test_migrate_does_not_print_the_password(pg_url: str) -> None:
     with_password = pg_url.replace("postgres@", "postgres:hunter2@", 1)  # trust auth
     done = run_cli(["-m", "durable", "migrate", "--db", with_password])
@@ -433,8 +431,6 @@ def test_migrate_does_not_print_the_password(pg_url: str) -> None:
                            f"schema version {SCHEMA_VERSION}\n")
 
 
-@pytest.mark.xfail(reason="store_from_url ignores create=False for PostgreSQL: read-only "
-                          "commands create the schema", strict=False)
 def test_list_on_a_missing_schema_creates_nothing(pg_url: str) -> None:
     listed = run_cli(["-m", "durable", "list", "--db", pg_url])
     base, schema = split_url(pg_url)

@@ -82,12 +82,14 @@ Conn = psycopg.AsyncConnection[DictRow]
 class PostgresStore(Store):
     """A store in a PostgreSQL schema, shared by any number of workers on any hosts."""
 
-    def __init__(self, url: str, *, clock: Clock | None = None, pool_size: int = 10) -> None:
+    def __init__(self, url: str, *, clock: Clock | None = None, pool_size: int = 10,
+                 create: bool = True) -> None:
         if pool_size < 1:
             raise ConfigError(f"pool_size must be at least 1, got {pool_size}")
         self._conninfo, self.schema, self.url, self._secrets = _parse_url(url)
         self.clock = clock or WallClock()
         self.pool_size = pool_size
+        self._create = create
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._listener: psycopg.AsyncConnection[Any] | None = None
         self._listen_lock: anyio.Lock | None = None
@@ -151,10 +153,14 @@ class PostgresStore(Store):
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                 (f"durable.migrate.{self.schema}",),
             )
+            version = await self._read_version(conn)
+            if version == 0 and not self._create:
+                raise StoreUnavailableError(
+                    f"no durable schema {self.schema!r} at {self.url}: check ?schema=, or "
+                    "create it with: durable migrate --db URL")
             await conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
             )
-            version = await self._read_version(conn)
             if version > SCHEMA_VERSION:
                 raise SchemaVersionError(
                     f"the database {self.url} has schema version {version}, newer than this "

@@ -9,7 +9,8 @@ from .._errors import ConfigError
 from ._base import Store
 
 
-def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True) -> Store:
+def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
+                   pool_size: int = 10) -> Store:
     """A (not yet opened) store for ``sqlite:///path.db`` or ``postgresql://...``.
 
     ``sqlite:///durable.db`` is relative to the working directory,
@@ -53,7 +54,7 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True)
             raise ConfigError(
                 "PostgreSQL needs the postgres extra: pip install 'durable[postgres]'"
             ) from exc
-        store: Store = PostgresStore(url, clock=clock)
+        store: Store = PostgresStore(url, clock=clock, create=create, pool_size=pool_size)
         return store
     parts = urlsplit(url)
     raise ConfigError(
