@@ -173,3 +173,25 @@ async def test_bad_input_and_missing_configuration_touch_nothing(
     journal = await ops.client.journal("reset-6")
     assert [e.name for e in journal if e.kind.value == "step_failed"] == ["config.check"]
     assert ops.services.token not in json.dumps([dict(e.data) for e in journal])
+
+
+async def test_a_service_that_saw_a_newer_fencing_token_stops_the_attempt(ops: Ops) -> None:
+    """A 409 "stale fencing token" means a newer attempt holds the resource: this attempt
+    stops at once (LeaseLostError), sending and writing nothing more."""
+    await ops.slot("slot-10")
+    async with httpx.AsyncClient() as http:  # a newer attempt (token 999) reads the database
+        newer = await http.get(f"{ops.services.url}/api/v1/databases/db-slot-10", headers={
+            "Authorization": f"Bearer {ops.services.token}", durable.FENCING_HEADER: "999"})
+    assert newer.status_code == 200
+    await ops.client.start("slot.reset", "slot-10", id="reset-10", key="slot-10")
+    async with running_worker(ops.client, durable.default_registry) as worker:
+        await poll(lambda: worker.claimed == 1 and not worker.active)  # the attempt ended
+    [refused] = [e for e in ops.services.ledger() if e["refused"]]
+    assert refused["method"] == "DELETE" and refused["path"] == "/api/v1/databases/db-slot-10"
+    assert ops.services.ledger()[-1]["seq"] == refused["seq"]  # nothing sent after it
+    assert ops.services.notifications() == []
+    assert len(ops.services.state()["databases"]) == 1
+    assert (await ops.record("slot-10")).state_reason is None  # nothing written either
+    journal = await ops.client.journal("reset-10")
+    assert journal[-1].kind is durable.EntryKind.STEP_STARTED
+    assert journal[-1].name == "paas.delete_database"
