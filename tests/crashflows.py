@@ -55,6 +55,7 @@ async def crash_fail(ctx: durable.WorkflowContext, log: str, gate: str) -> str:
 
 
 @durable.workflow("crash.count")
-async def crash_count(ctx: durable.WorkflowContext, log: str) -> None:
+async def crash_count(ctx: durable.WorkflowContext, log: str, gate: str) -> None:
+    await hold_idempotent(ctx, f"{log}.holds", gate)
     for step in ("a", "b", "c"):
         await mark(ctx, log, f"{ctx.workflow_id}:{step}:{ctx.epoch}")

@@ -52,11 +52,11 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("workflow", ["crash.retry", "crash.fail"])
 async def test_sigkill_mid_run_then_another_worker_resumes(
-        db_url: str, files: tuple[Path, Path], workflow: str) -> None:
+        db_url: str, files: tuple[Path, Path], workflow: str, anyio_backend: str) -> None:
     log, gate = files
     async with durable.Client.connect(db_url) as client:
         await client.start(workflow, str(log), str(gate), id="k1")
-        with worker_process(db_url, "--lease", "1") as proc:
+        with worker_process(db_url, "--lease", "1", "--backend", anyio_backend) as proc:
             await poll(lambda: "hold" in lines(log), timeout=20)
             os.killpg(proc.pid, signal.SIGKILL)  # no finally, no exit hook runs
             proc.wait(timeout=10)
@@ -88,11 +88,12 @@ async def test_sigkill_mid_run_then_another_worker_resumes(
 
 
 async def test_sigterm_releases_the_lease_for_an_immediate_resume(
-        db_url: str, files: tuple[Path, Path]) -> None:
+        db_url: str, files: tuple[Path, Path], anyio_backend: str) -> None:
     log, gate = files
     async with durable.Client.connect(db_url) as client:
         await client.start("crash.retry", str(log), str(gate), id="g1")
-        with worker_process(db_url, "--lease", "600", "--grace", "0.2") as proc:
+        with worker_process(db_url, "--lease", "600", "--grace", "0.2",
+                            "--backend", anyio_backend) as proc:
             await poll(lambda: "hold" in lines(log), timeout=20)
             proc.send_signal(signal.SIGTERM)
             with anyio.fail_after(15):
@@ -116,25 +117,32 @@ def test_crashflows_module_is_importable() -> None:
 
 
 async def test_several_worker_processes_share_one_sqlite_file(
-        db_url: str, tmp_path: Path) -> None:
-    log = tmp_path / "count.txt"
+        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    log, gate = tmp_path / "count.txt", tmp_path / "gate"
     runs = 120
     async with durable.Client.connect(db_url) as client:
         for i in range(runs):
-            await client.start("crash.count", str(log), id=f"m{i:03d}")
-        with (worker_process(db_url, "--concurrency", "8") as a,
-              worker_process(db_url, "--concurrency", "8") as b,
-              worker_process(db_url, "--concurrency", "8") as c):
+            await client.start("crash.count", str(log), str(gate), id=f"m{i:03d}")
+        with (worker_process(db_url, "--concurrency", "8", "--backend", "asyncio") as a,
+              worker_process(db_url, "--concurrency", "8", "--backend", "trio") as b,
+              worker_process(db_url, "--concurrency", "8", "--backend", anyio_backend) as c):
+            # every process claims a first batch and holds it; then the gate opens
+            await poll(lambda: _claimers(client, runs, 3), timeout=30, interval=0.05)
+            gate.touch()
             await poll(lambda: _all_done(client, runs), timeout=60, interval=0.05)
             procs = (a, b, c)
             assert all(p.poll() is None for p in procs)
         executed = [line.rsplit(":", 1)[0] for line in lines(log)]
         # every step of every run ran exactly once, whichever process claimed it
         assert sorted(executed) == sorted(f"m{i:03d}:{s}" for i in range(runs) for s in "abc")
-        workers = {e.data["worker"] for i in range(runs)
-                   for e in await client.store.journal(f"m{i:03d}")
-                   if e.kind.value == "run_claimed"}
-        assert len(workers) >= 2  # the processes really competed
+        assert await _claimers(client, runs, 3)  # the processes really competed
+
+
+async def _claimers(client: durable.Client, runs: int, wanted: int) -> bool:
+    workers = {e.data["worker"] for i in range(runs)
+               for e in await client.store.journal(f"m{i:03d}")
+               if e.kind.value == "run_claimed"}
+    return len(workers) >= wanted
 
 
 async def _all_done(client: durable.Client, runs: int) -> bool:
