@@ -3,6 +3,10 @@
 They know nothing of the engine: each takes an ``httpx.AsyncClient`` (the engine passes
 its fenced per-attempt client), a base URL and a token. The ``git`` module runs the real
 git program. See :mod:`activities.errors` for the error tree.
+
+:mod:`activities.steps` runs them as durable activities (journaled steps over the attempt's
+fenced ``ctx.http``), configured from the environment by :mod:`activities.config`; this
+package does not import them, so the plain clients stay free of the engine.
 """
 
 from .errors import NotFoundError as NotFoundError
