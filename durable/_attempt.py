@@ -50,6 +50,20 @@ def describe(exc: BaseException) -> str:
     return redact(f"{type(exc).__name__}: {text}" if str(exc) else text)
 
 
+def _first(group: BaseExceptionGroup[AttemptCancelled]) -> AttemptCancelled:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    assert isinstance(exc, AttemptCancelled)
+    return exc
+
+
+def _has_cancellation(group: BaseExceptionGroup[BaseException]) -> bool:
+    """Whether a group holds anything but ordinary exceptions (a backend's Cancelled)."""
+    return group.subgroup(lambda e: not isinstance(e, Exception | BaseExceptionGroup)) \
+        is not None
+
+
 class Attempt:
     """Executes one claimed run. Created and driven by the worker."""
 
@@ -81,6 +95,7 @@ class Attempt:
         self._seq = 0
         self._used_keys: set[str] = set()
         self._transport = transport
+        self._own_transport: httpx.AsyncHTTPTransport | None = None
         self._worker_id = worker_id
         self._console_url = console_url
         self._rng = random.Random()
@@ -158,8 +173,13 @@ class Attempt:
                                     url=redact(str(request.url)), step=ctx.step)
                 raise attempt._refuse()
 
+        transport = self._transport
+        if transport is None:
+            if self._own_transport is None:
+                self._own_transport = httpx.AsyncHTTPTransport()
+            transport = self._own_transport
         return httpx.AsyncClient(
-            transport=self._transport,
+            transport=transport,
             headers={IDEMPOTENCY_HEADER: ctx.idempotency_key,
                      FENCING_HEADER: str(self.run.epoch)},
             event_hooks={"request": [fence_request]},
@@ -188,11 +208,19 @@ class Attempt:
                     dumps(result, "the workflow's result")
                     outcome = ("completed", result)
             except AttemptCancelled as exc:
-                if isinstance(exc, LeaseLostError):
-                    self.lost = True
-                outcome = ("stopped", self.stop_reason or exc.reason)
+                outcome = self._stopped(exc)
             except Exception as exc:
                 outcome = ("failed", self.doom or exc)
+            except BaseExceptionGroup as group:  # from a task group in the workflow
+                stops, others = group.split(AttemptCancelled)
+                if stops is not None:
+                    outcome = self._stopped(_first(stops))
+                elif others is not None and not _has_cancellation(others):
+                    errors = others.exceptions
+                    outcome = ("failed", self.doom or (errors[0] if len(errors) == 1
+                                                       else others))
+                else:
+                    raise
         if outcome is None or self.scope.cancelled_caught:
             if self.stop_reason is None:
                 self.lost = True
@@ -200,8 +228,15 @@ class Attempt:
             outcome = ("stopped", self.stop_reason)
         with anyio.move_on_after(CLEANUP_TIMEOUT, shield=True) as cleanup:
             await self._conclude(*outcome)
+            if self._own_transport is not None:
+                await self._own_transport.aclose()
         if cleanup.cancelled_caught:
             self.log.error("conclude_timed_out", timeout=CLEANUP_TIMEOUT)
+
+    def _stopped(self, exc: AttemptCancelled) -> tuple[str, Any]:
+        if isinstance(exc, LeaseLostError):
+            self.lost = True
+        return ("stopped", self.stop_reason or exc.reason)
 
     def _doubt_entries(self, reason: str) -> list[JournalWrite]:
         return [
@@ -331,6 +366,13 @@ class Attempt:
         view = self._identify(act.name, key)
         if view.state is StepState.COMPLETED:
             return view.result
+        if view.state is StepState.FAILED:
+            # an earlier attempt journaled this step's failure: the workflow sees the same
+            # failure again (only a replay runs a failed step again)
+            raise ActivityError(
+                f"step {view.number} ({act.name}) failed after {view.attempts} attempt(s): "
+                f"{view.error}",
+                step=view.number, activity=act.name, error_type=view.error_type or "Exception")
         log = self.log.bind(step=view.number, step_key=view.key, activity=act.name)
         in_doubt = view.state is StepState.IN_DOUBT or (
             view.state is StepState.STARTED and view.epoch < self.fence.epoch)

@@ -11,7 +11,9 @@ from typing import Any
 import structlog
 
 _SECRET_PATTERNS = [
-    (re.compile(r"(?i)(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]+"), r"\1 [redacted]"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 [redacted]"),
+    (re.compile(r"(?i)\b((?:access_|api_|auth_)?token|api_?key|secret|password)"
+                r"([\"']?\s*[:=]\s*[\"']?)[^\s\"',}&]+"), r"\1\2[redacted]"),
     (re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)[^'\",}\s]+(\s+[^'\",}\s]+)?"),
      r"\1[redacted]"),
     (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey|key|password|secret)=)[^&\s'\"]+"),

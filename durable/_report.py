@@ -81,7 +81,9 @@ class RecoveryReport:
 
     def text(self) -> str:
         """A plain-text report: what failed, what is already done, what to check."""
-        out = [f"Run {self.run_id} ({self.workflow}) is {self.state}."]
+        phrase = {"queued": "is queued", "running": "is running", "completed": "completed",
+                  "failed": "failed", "cancelled": "was cancelled"}.get(self.state, self.state)
+        out = [f"Run {self.run_id} ({self.workflow}) {phrase}."]
         if self.error:
             out.append(f"Error: {self.error}")
         for s in self.failed:

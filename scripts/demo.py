@@ -45,10 +45,10 @@ from workflows.audio import item_states  # noqa: E402
 from workflows.records import Slot, read_slot, seed_slot  # noqa: E402
 
 try:
-    from tests.services import FakeServices, running_fake_services
-except ImportError as exc:  # pytest, starlette, uvicorn come with the test extras
-    sys.exit(f"demo: the fake services need the test extras ({exc}); "
-             "run: pip install -e '.[test]'")
+    from scripts._fakes.harness import FakeServices, running_fake_services
+except ImportError as exc:  # starlette and uvicorn come with the demo extras
+    sys.exit(f"demo: the fake services need the demo extras ({exc}); "
+             "run: pip install -e '.[demo]'")
 
 GIT_TIMEOUT = 2.0
 LEASE = 1.5

@@ -208,3 +208,31 @@ async def test_a_superseded_attempt_can_send_and_write_nothing(
         assert late == []
         final = await client.get("s1")
         assert final.state is RunState.RUNNING and final.epoch == newer.epoch
+
+
+async def test_lease_lost_inside_a_task_group_stops_the_attempt_not_the_worker(
+        client: durable.Client, registry: durable.Registry) -> None:
+    @durable.activity(registry=registry)
+    async def superseded(ctx: durable.ActivityContext, i: int) -> None:
+        if i == 1:  # e.g. a service answered "stale fencing token"
+            raise durable.LeaseLostError("a newer attempt holds this resource")
+        await anyio.sleep_forever()
+
+    @durable.workflow("fanout", registry=registry)
+    async def fanout(ctx: durable.WorkflowContext) -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(lambda i=i: ctx.step(superseded, i, key=f"i-{i}"))
+
+    @durable.workflow("after", registry=registry)
+    async def after(ctx: durable.WorkflowContext) -> str:
+        return "still working"
+
+    async with running_worker(client, registry, lease=5.0) as worker:
+        await client.start("fanout", id="f")
+        await poll(lambda: "f" not in worker.active and worker.claimed == 1)
+        await client.start("after", id="a")
+        assert (await client.wait("a")).result == "still working"
+    journal = await client.journal("f")
+    assert kinds(journal)[-1] == "step_started"  # the lost attempt wrote nothing more
+    assert (await client.get("f")).state is RunState.RUNNING  # until its lease lapses

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.services import FakeServices, start_process
+from scripts._fakes.harness import FakeServices, start_process
 
 pytestmark = pytest.mark.anyio
 

@@ -73,7 +73,7 @@ async def test_a_force_push_that_hangs_is_killed_and_nothing_after_it_runs(
     assert slot.occupancy == "occupied" and slot.app == "app-slot-2"
     reason = slot.state_reason or ""
     assert reason.startswith("Reset of slot-2 failed; the slot stays occupied.")
-    assert "Run reset-2 (slot.reset) is failed." in reason
+    assert "Run reset-2 (slot.reset) failed." in reason
     assert "database db-slot-2: deleted" in reason
     assert "volumes of app-slot-2: deleted data" in reason
     assert "git.force_push_with_lease" in reason

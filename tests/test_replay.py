@@ -10,7 +10,7 @@ import pytest
 import durable
 from durable import RunState
 
-from .helpers import kinds, running_worker
+from .helpers import kinds, poll, running_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -117,3 +117,43 @@ async def test_the_journal_is_append_only(client: durable.Client, registry: dura
             conn.execute("UPDATE durable_journal SET kind = 'x'")
     finally:
         conn.close()
+
+
+async def test_a_resumed_attempt_sees_a_journaled_failure_again(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """A step whose failure is journaled is not re-run by a later attempt (only by a replay)."""
+    import anyio
+
+    tries: list[int] = []
+    release = anyio.Event()
+    seen_failures: list[str] = []
+
+    @durable.activity("flaky", registry=registry, retry=durable.RetryPolicy(max_attempts=1))
+    async def flaky(ctx: durable.ActivityContext) -> None:
+        tries.append(ctx.try_number)
+        raise RuntimeError("no")
+
+    @durable.activity("wait", registry=registry)
+    async def wait(ctx: durable.ActivityContext) -> None:
+        await release.wait()
+
+    @durable.workflow("tolerant", registry=registry)
+    async def tolerant(ctx: durable.WorkflowContext) -> str:
+        try:
+            await flaky(ctx)
+        except durable.ActivityError as exc:
+            seen_failures.append(str(exc))
+        await wait(ctx)
+        return "done"
+
+    async with running_worker(client, registry) as worker:
+        await client.start("tolerant", id="t")
+        await poll(lambda: len(seen_failures) == 1)
+        worker.shutdown(grace=0)  # interrupted in step 2: released, queued again
+    assert (await client.get("t")).state is RunState.QUEUED
+    release.set()
+    async with running_worker(client, registry):
+        done = await client.wait("t")
+    assert done.state is RunState.COMPLETED
+    assert tries == [1]  # the failed step did not run again
+    assert len(seen_failures) == 2 and seen_failures[0] == seen_failures[1]
