@@ -202,7 +202,9 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
             f"{row['step']!s:>4}  {str(row['activity'])[:28]:<28} {row['state']!s:<18} "
             f"{row['attempt']!s:>3} {_time(start):<23} {_duration(start, end):>8}  {err}"
         )
-    if run.state in (RunState.FAILED, RunState.CANCELLED) and step is None:
-        lines.append("")
-        lines.append(RecoveryReport.build(run, entries, console_url).text())
+    if step is None:
+        report = RecoveryReport.build(run, entries, console_url)
+        if run.state in (RunState.FAILED, RunState.CANCELLED) or report.in_doubt:
+            lines.append("")
+            lines.append(report.text())
     return "\n".join(lines)

@@ -188,3 +188,22 @@ async def test_finished_runs_are_never_claimed(fclient: durable.Client) -> None:
     assert await fclient.store.claim("w", LEASE, 10) == []
     for run_id in ("done-completed", "done-failed", "cancelled"):
         assert await fclient.store.claim("w", LEASE, 1, run_id=run_id) == []
+
+
+async def test_show_prints_the_recovery_report_of_an_in_doubt_run(
+        fclient: durable.Client, clock: FakeClock) -> None:
+    run = await _claimed(fclient)
+    assert await fclient.store.append(Fence(run.id, run.epoch), [
+        JournalWrite(EntryKind.STEP_STARTED, 1, "1", "delete_database", 1),
+        JournalWrite(EntryKind.STEP_COMPLETED, 1, "1", "delete_database", 1,
+                     {"result": None, "summary": "database db-1: deleted"}),
+        JournalWrite(EntryKind.STEP_STARTED, 2, "2", "force_push", 1),
+    ])
+    clock.advance(LEASE + 1)
+    recovered = await fclient.get(run.id)
+    text = durable.render_timeline(recovered, await fclient.journal(run.id),
+                                   console_url="https://console.example")
+    assert "step 1 delete_database - database db-1: deleted" in text
+    assert "In doubt" in text and "step 2 force_push" in text
+    assert "https://console.example/runs/job-1#step-2" in text
+    assert "python -m durable show job-1 --step 2" in text
