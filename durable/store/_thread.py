@@ -52,8 +52,12 @@ class _Job(Generic[T]):
         self.result: T | None = None
         self.error: BaseException | None = None
         self.event = anyio.Event()
-        self.wake = _waker(self.event)
+        self.wake: Callable[[], None] = self.event.set  # replaced when handed to the thread
 
+    def outcome(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]
 
 
 def _waker(event: anyio.Event) -> Callable[[], None]:
@@ -114,6 +118,8 @@ class DbThread:
         self._conn: sqlite3.Connection | None = None
         self._inline: sqlite3.Connection | None = None
         self._inline_commits = 0
+        self._pending: list[_Job[Any]] = []
+        self._flushing = False
         self.inline_jobs = 0
         self.thread_jobs = 0
 
@@ -140,59 +146,88 @@ class DbThread:
         self._thread.join()
         self._thread = None
 
-    def _run_inline(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
-                    write: bool) -> T:
-        if not write:
-            try:
-                return fn(conn)
-            except sqlite3.OperationalError as exc:
-                if _busy(exc):
-                    raise _Miss from exc
-                raise
+    def _read_inline(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            return fn(conn)
         except sqlite3.OperationalError as exc:
             if _busy(exc):
                 raise _Miss from exc
             raise
+
+    def _flush_inline(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> bool:
+        """Commit a batch of write jobs in one transaction; False if the database was busy."""
         try:
-            result = fn(conn)
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                return False
+            for job in batch:
+                job.error = exc
+            return True
+        _run_batch(conn, batch)
         self._inline_commits += 1
         if self._inline_commits >= CHECKPOINT_EVERY:
             self._inline_commits = 0
-            self._queue.put(_Job(_checkpoint, write=False))
-        return result
+            self._to_thread(_Job(_checkpoint, write=False))
+        return True
+
+    def _to_thread(self, job: _Job[Any]) -> None:
+        job.wake = _waker(job.event)
+        self.thread_jobs += 1
+        self._queue.put(job)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
-        """Run ``fn(conn)`` in the database thread; writes run inside a transaction.
+        """Run ``fn(conn)``; writes run inside a transaction.
 
-        If the caller is cancelled, the job still runs to its end (a thread cannot be
-        interrupted); only the wait is abandoned.
+        Inline (in the event loop's thread) when the database is free: a write joins the
+        batch that the first writer of this loop iteration commits for everyone (group
+        commit). Otherwise in the database thread. If the caller is cancelled while the job
+        runs in the thread, the job still runs to its end; only the wait is abandoned.
         """
         if self._thread is None:
             raise RuntimeError("the store is closed")
         inline = self._inline
-        if inline is not None and not inline.in_transaction:
-            await checkpoint_if_cancelled()
+        if inline is None:
+            job: _Job[T] = _Job(fn, write)
+            self._to_thread(job)
+            await job.event.wait()
+            return job.outcome()
+        await checkpoint_if_cancelled()
+        if not write:
             try:
-                result = self._run_inline(inline, fn, write)
+                result = self._read_inline(inline, fn)
             except _Miss:
-                pass
-            else:
-                self.inline_jobs += 1
-                await cancel_shielded_checkpoint()
-                return result
-        self.thread_jobs += 1
-        job: _Job[T] = _Job(fn, write)
-        self._queue.put(job)
-        await job.event.wait()
-        if job.error is not None:
-            raise job.error
-        return job.result  # type: ignore[return-value]
+                job = _Job(fn, write)
+                self._to_thread(job)
+                await job.event.wait()
+                return job.outcome()
+            self.inline_jobs += 1
+            await cancel_shielded_checkpoint()
+            return result
+        job = _Job(fn, write)
+        self._pending.append(job)
+        if self._flushing:
+            await job.event.wait()  # the writer that came first commits this one too
+            return job.outcome()
+        self._flushing = True
+        flushed = False
+        try:
+            await cancel_shielded_checkpoint()  # let the other runs add their writes
+            batch, self._pending = self._pending, []
+            if self._flush_inline(inline, batch):
+                flushed = True
+                self.inline_jobs += len(batch)
+                for other in batch:
+                    if other is not job:
+                        other.event.set()
+            else:  # another connection holds the write lock: the thread waits its turn
+                for other in batch:
+                    self._to_thread(other)
+        finally:
+            self._flushing = False
+        if not flushed:
+            await job.event.wait()
+        return job.outcome()
 
     # -- in the thread --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -254,27 +289,32 @@ class DbThread:
             for j in jobs:
                 j.error = exc
             return
-        if len(jobs) == 1:
-            job = jobs[0]
+        _run_batch(conn, jobs)
+
+
+def _run_batch(conn: sqlite3.Connection, jobs: list[_Job[Any]]) -> None:
+    """Run write jobs inside the open transaction, each in a savepoint, then commit."""
+    if len(jobs) == 1:
+        job = jobs[0]
+        try:
+            job.result = job.fn(conn)
+        except BaseException as exc:
+            job.error = exc
+            conn.rollback()
+            return
+    else:
+        for job in jobs:
+            conn.execute("SAVEPOINT job")
             try:
                 job.result = job.fn(conn)
             except BaseException as exc:
                 job.error = exc
-                conn.rollback()
-                return
-        else:
-            for j in jobs:
-                conn.execute("SAVEPOINT job")
-                try:
-                    j.result = j.fn(conn)
-                except BaseException as exc:
-                    j.error = exc
-                    conn.execute("ROLLBACK TO job")
-                conn.execute("RELEASE job")
-        try:
-            conn.commit()
-        except BaseException as exc:
-            conn.rollback()
-            for j in jobs:
-                j.error = exc
-                j.result = None
+                conn.execute("ROLLBACK TO job")
+            conn.execute("RELEASE job")
+    try:
+        conn.commit()
+    except BaseException as exc:
+        conn.rollback()
+        for job in jobs:
+            job.error = exc
+            job.result = None
