@@ -92,6 +92,7 @@ class Attempt:
         self.history = History()
         self.doom: BaseException | None = None
         self.in_flight: dict[str, StepView] = {}
+        self._deferred: list[JournalWrite] = []
         self._seq = 0
         self._used_keys: set[str] = set()
         self._transport = transport
@@ -133,11 +134,18 @@ class Attempt:
             "no longer holds its lease; nothing was written or sent"
         )
 
+    def _take_deferred(self, entries: Sequence[JournalWrite]) -> list[JournalWrite]:
+        pending, self._deferred = self._deferred, []
+        return [*pending, *entries]
+
     async def write(self, entries: Sequence[JournalWrite]) -> None:
-        """Append journal entries under the fence, or stop the attempt."""
+        """Append journal entries (after any deferred ones) under the fence, or stop."""
         if self.lost or anyio.current_time() >= self.lease_deadline:
             self.lose()
             raise self._refuse()
+        entries = self._take_deferred(entries)
+        if not entries:
+            return
         try:
             written = await self.store.append(self.fence, entries)
         except StoreError as exc:
@@ -252,7 +260,7 @@ class Attempt:
             if kind == "completed":
                 ok = await self.store.finish(
                     self.fence, RunState.COMPLETED, result=value,
-                    entries=[JournalWrite(EntryKind.RUN_COMPLETED)])
+                    entries=self._take_deferred([JournalWrite(EntryKind.RUN_COMPLETED)]))
                 log.info("run_completed") if ok else None
             elif kind == "failed":
                 exc: BaseException = value
@@ -264,8 +272,9 @@ class Attempt:
                     data["step"] = exc.step
                 ok = await self.store.finish(
                     self.fence, RunState.FAILED, error=message,
-                    entries=[*self._doubt_entries("the run failed while it was in flight"),
-                             JournalWrite(EntryKind.RUN_FAILED, data=data)])
+                    entries=self._take_deferred(
+                        [*self._doubt_entries("the run failed while it was in flight"),
+                         JournalWrite(EntryKind.RUN_FAILED, data=data)]))
                 log.warning("run_failed", error=message) if ok else None
             elif self.lost:
                 log.warning("attempt_abandoned", reason=value,
@@ -274,14 +283,16 @@ class Attempt:
             elif value == "cancelled":
                 ok = await self.store.finish(
                     self.fence, RunState.CANCELLED, error="cancelled by an operator",
-                    entries=[*self._doubt_entries("cancelled while in flight"),
-                             JournalWrite(EntryKind.RUN_CANCELLED, data={"by": "operator"})])
+                    entries=self._take_deferred(
+                        [*self._doubt_entries("cancelled while in flight"),
+                         JournalWrite(EntryKind.RUN_CANCELLED, data={"by": "operator"})]))
                 log.info("run_cancelled") if ok else None
             else:  # shutdown: give the run back at once
                 ok = await self.store.release(
                     self.fence,
-                    [*self._doubt_entries(f"interrupted by {value}"),
-                     JournalWrite(EntryKind.RUN_INTERRUPTED, data={"reason": value})])
+                    self._take_deferred(
+                        [*self._doubt_entries(f"interrupted by {value}"),
+                         JournalWrite(EntryKind.RUN_INTERRUPTED, data={"reason": value})]))
                 log.info("run_released", reason=value) if ok else None
         except StoreError as exc:
             log.error("conclude_failed", error=str(exc))
@@ -338,7 +349,7 @@ class Attempt:
                              {"result": None, "summary": summary,
                               "records": [[ns, k] for ns, k in records]})
         writes = [(ns, k, v) for (ns, k), v in records.items()]
-        if not await self.store.put_records(self.fence, writes, [entry]):
+        if not await self.store.put_records(self.fence, writes, self._take_deferred([entry])):
             self.lose()
             raise self._refuse()
         view.state = StepState.COMPLETED
@@ -358,6 +369,7 @@ class Attempt:
     async def recovery_report(self) -> RecoveryReport:
         from ._report import RecoveryReport
 
+        await self.write([])  # the report reads the journal: commit deferred entries first
         run = await self.store.get_run(self.run.id) or self.run
         return RecoveryReport.build(run, await self.store.journal(self.run.id),
                                     console_url=self._console_url)
@@ -438,9 +450,15 @@ class Attempt:
                     f"attempt(s): {message}",
                     step=view.number, activity=act.name, error_type=type(exc).__name__,
                 ) from exc
-            await self.write([JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key,
-                                           act.name, number,
-                                           {"result": result, "summary": ctx.summary})])
+            done = JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key, act.name,
+                                number, {"result": result, "summary": ctx.summary,
+                                         "ended_at": self.store.clock.now()})
+            if act.on_doubt == "retry":
+                # idempotent: its completion commits with the next journal write (one commit
+                # instead of two); a crash in between only makes the step run again
+                self._deferred.append(done)
+            else:
+                await self.write([done])
             del self.in_flight[view.key]
             view.state, view.result = StepState.COMPLETED, result
             log.debug("step_completed", try_number=number)

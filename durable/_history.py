@@ -88,7 +88,7 @@ class History:
             step.summary = data.get("summary")
             step.error = None
             step.accepted = bool(data.get("accepted"))
-            step.ended_at = entry.at
+            step.ended_at = data.get("ended_at", entry.at)
             if step.started_at is None:
                 step.started_at = entry.at
         elif kind is EntryKind.STEP_FAILED:

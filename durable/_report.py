@@ -152,7 +152,7 @@ def timeline_rows(run: Run, entries: Sequence[JournalEntry]) -> list[dict[str, J
             EntryKind.STEP_IN_DOUBT: "in_doubt",
         }[e.kind]
         row["state"] = state
-        row["end"] = e.at
+        row["end"] = e.data.get("ended_at", e.at)
         row["error"] = e.data.get("error") or e.data.get("reason")
         row["summary"] = e.data.get("summary")
         if e.data.get("accepted"):
