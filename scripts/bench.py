@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime as dt
 import importlib.metadata
 import json
@@ -48,7 +49,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -109,55 +110,71 @@ def configure_logging() -> None:
     structlog.configure(processors=[_count_warnings, *processors])
 
 
-class Counter:
-    """Counts a store's jobs (round trips), where they ran, and its commits.
+class _CountingConnection(sqlite3.Connection):
+    """A sqlite3 connection that counts its commits (the engine's connections, via connect)."""
 
-    Wraps the SQLite store's ``DbThread`` (private API: a benchmark may peek); counts stay
-    zero for a store without one.
+    commits = 0
+
+    def commit(self) -> None:
+        if self.in_transaction:
+            _CountingConnection.commits += 1
+        super().commit()
+
+
+def _counting_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+    kwargs.setdefault("factory", _CountingConnection)
+    conn: sqlite3.Connection = _real_connect(*args, **kwargs)
+    return conn
+
+
+_real_connect = sqlite3.connect
+
+
+class Counter:
+    """Counts a store's jobs (round trips), how many ran inline, and its commits.
+
+    Jobs are counted by wrapping the SQLite store's ``DbThread.run``, inline jobs read from
+    its ``inline_jobs`` counter, commits by the connections' ``commit()`` (the engine's
+    connections are opened while :func:`counting_commits` is active). Private API: a
+    benchmark may peek; counts stay zero where there is nothing to count.
     """
 
-    FIELDS = ("jobs", "inline_jobs", "commits", "write_jobs")
+    FIELDS = ("jobs", "write_jobs", "inline_jobs", "commits")
 
     def __init__(self) -> None:
         self.jobs = 0
-        self.inline_jobs = 0  # ran in the event loop's thread (no hop)
-        self.commits = 0  # transactions committed, inline or in the database thread
-        self.write_jobs = 0  # write jobs in those transactions
+        self.write_jobs = 0
+        self._db: Any = None
 
     def attach(self, store: durable.Store) -> None:
         db = getattr(store, "_db", None)
         if db is None:
             return
+        self._db = db
         counter = self
         run = db.run
 
         async def counting_run(fn: Any, *, write: bool = True) -> Any:
             counter.jobs += 1
+            counter.write_jobs += write
             return await run(fn, write=write)
 
         db.run = counting_run
-        run_writes = db._run_writes
-
-        def counting_writes(conn: sqlite3.Connection, jobs: list[Any]) -> None:
-            counter.commits += 1
-            counter.write_jobs += len(jobs)
-            run_writes(conn, jobs)
-
-        db._run_writes = counting_writes
-        run_inline = getattr(db, "_run_inline", None)
-        if run_inline is not None:
-            def counting_inline(conn: sqlite3.Connection, fn: Any, write: bool) -> Any:
-                result = run_inline(conn, fn, write)  # raises when it misses
-                counter.inline_jobs += 1
-                if write:
-                    counter.commits += 1
-                    counter.write_jobs += 1
-                return result
-
-            db._run_inline = counting_inline
 
     def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.FIELDS}
+        return {"jobs": self.jobs, "write_jobs": self.write_jobs,
+                "inline_jobs": int(getattr(self._db, "inline_jobs", 0)),
+                "commits": _CountingConnection.commits}
+
+
+@contextlib.contextmanager
+def counting_commits() -> Iterator[None]:
+    """Connections opened inside the block count their commits."""
+    sqlite3.connect = _counting_connect  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sqlite3.connect = _real_connect
 
 
 def store_url(path: Path, synchronous: str) -> str:
@@ -174,8 +191,11 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
                      label: str) -> dict[str, Any]:
     """Queue ``runs`` runs, then drain them with one worker; time both phases."""
     prefix = f"bench-{label}-{uuid.uuid4().hex[:8]}-"
-    async with durable.Client.connect(url, registry=REGISTRY) as client:
-        store = client.store
+    store = durable.store_from_url(url)
+    with counting_commits():  # the store opens its connections here (and only here)
+        await store.open()
+    try:
+        client = durable.Client(store, registry=REGISTRY)
         counter = Counter()
         counter.attach(store)
 
@@ -217,6 +237,8 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
             cpu_s = time.process_time() - cpu1
             after = counter.snapshot()
             worker.shutdown()
+    finally:
+        await store.aclose()
 
     counts = {name: after[name] - before[name] for name in Counter.FIELDS}
     completed, journaled = verify(url, prefix)
