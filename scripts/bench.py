@@ -9,8 +9,11 @@ Workloads (each repetition on a fresh SQLite file unless ``--db`` is given):
   calls in flight together), then executed by one worker whose concurrency limit is N.
 
 A *journaled step* is one activity call. The engine journals it twice (``step_started`` before
-the activity runs, ``step_completed`` after), each in a committed transaction; a run also
-costs a claim, a journal read and a final ``finish`` transaction, all counted in. The clock
+the activity runs, ``step_completed`` after). For an idempotent activity (``on_doubt="retry"``,
+the default here) the completion is committed with the run's next journal write;
+``--on-doubt fail`` declares the activities not safe to repeat, and then every completion is
+committed before the workflow goes on. A run also costs a claim, a journal read and a final
+``finish`` transaction, all counted in. The clock
 starts once the worker is up (its start-up is reported apart) and stops when the last run's
 ``finish`` has committed.
 
@@ -77,16 +80,24 @@ REGISTRY = durable.Registry()
 @durable.activity(name="bench.noop", registry=REGISTRY,
                   retry=durable.RetryPolicy(max_attempts=1))
 async def noop(ctx: durable.ActivityContext, i: int) -> int:
-    """Does nothing: the benchmark measures the engine, not the work."""
+    """Does nothing, idempotently (``on_doubt="retry"``, the default)."""
+    return i
+
+
+@durable.activity(name="bench.noop_strict", registry=REGISTRY, on_doubt="fail",
+                  retry=durable.RetryPolicy(max_attempts=1))
+async def noop_strict(ctx: durable.ActivityContext, i: int) -> int:
+    """Does nothing, declared not safe to repeat (``on_doubt="fail"``)."""
     return i
 
 
 @durable.workflow("bench.steps", registry=REGISTRY)
-async def steps_workflow(ctx: Any, n: int) -> int:
+async def steps_workflow(ctx: Any, n: int, strict: bool) -> int:
     """``n`` no-op steps one after another. Called as plain async code by the baseline."""
+    act = noop_strict if strict else noop
     total = 0
     for i in range(n):
-        total += await noop(ctx, i)
+        total += await act(ctx, i)
     return total
 
 
@@ -188,7 +199,7 @@ def rate(count: float, seconds: float) -> float:
 
 # -- the engine ----------------------------------------------------------------------------
 async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bool,
-                     label: str) -> dict[str, Any]:
+                     label: str, strict: bool = False) -> dict[str, Any]:
     """Queue ``runs`` runs, then drain them with one worker; time both phases."""
     prefix = f"bench-{label}-{uuid.uuid4().hex[:8]}-"
     store = durable.store_from_url(url)
@@ -203,11 +214,11 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
         if start_at_once:
             async with anyio.create_task_group() as tg:
                 for i in range(runs):
-                    tg.start_soon(partial(client.start, steps_workflow, STEPS,
+                    tg.start_soon(partial(client.start, steps_workflow, STEPS, strict,
                                           id=f"{prefix}{i:06d}"))
         else:
             for i in range(runs):
-                await client.start(steps_workflow, STEPS, id=f"{prefix}{i:06d}")
+                await client.start(steps_workflow, STEPS, strict, id=f"{prefix}{i:06d}")
         enqueue_s = time.perf_counter() - t0
 
         # Count finished runs as the worker records them: no polling, no extra reads.
@@ -287,7 +298,8 @@ async def workload(args: argparse.Namespace, path_for: Callable[[str], Path], na
     """Repeat one workload; return the median repetition (by steps/s) with all figures."""
     results = [
         await run_engine(store_url(path_for(f"{name}-{i}"), args.synchronous), runs,
-                         concurrency=concurrency, start_at_once=at_once, label=f"{label}{i}")
+                         concurrency=concurrency, start_at_once=at_once, label=f"{label}{i}",
+                         strict=args.on_doubt == "fail")
         for i in range(args.repeat)
     ]
     results.sort(key=lambda r: r["steps_per_s"])
@@ -297,12 +309,12 @@ async def workload(args: argparse.Namespace, path_for: Callable[[str], Path], na
 
 
 # -- baselines -----------------------------------------------------------------------------
-async def plain_async(runs: int, at_once: bool) -> float:
+async def plain_async(runs: int, at_once: bool, strict: bool) -> float:
     """Seconds to run the workflow ``runs`` times as plain async calls (no engine)."""
     ctx = durable.ActivityContext.standalone()
 
     async def one_run() -> None:
-        await steps_workflow.fn(ctx, STEPS)
+        await steps_workflow.fn(ctx, STEPS, strict)
 
     t0 = time.perf_counter()
     if at_once:
@@ -385,15 +397,17 @@ async def bench_backend(args: argparse.Namespace, workdir: Path, backend: str,
     warnings_before = WARNINGS.copy()
     # Warm up imports, code paths and the file system once (not timed).
     await run_engine(store_url(fresh("warmup"), args.synchronous), 5, concurrency=1,
-                     start_at_once=False, label=f"{backend}-warmup")
+                     start_at_once=False, label=f"{backend}-warmup",
+                     strict=args.on_doubt == "fail")
 
     seq = await workload(args, path_for, "sequential", args.sequential, 1, False,
                          f"{backend}-seq")
     con = await workload(args, path_for, "concurrent", args.concurrent,
                          args.concurrency or args.concurrent, True, f"{backend}-con")
 
-    plain_seq_s = min([await plain_async(args.sequential, False) for _ in range(3)])
-    plain_con_s = min([await plain_async(args.concurrent, True) for _ in range(3)])
+    strict = args.on_doubt == "fail"
+    plain_seq_s = min([await plain_async(args.sequential, False, strict) for _ in range(3)])
+    plain_con_s = min([await plain_async(args.concurrent, True, strict) for _ in range(3)])
     for result, plain_s in ((seq, plain_seq_s), (con, plain_con_s)):
         result["plain_steps_per_s"] = rate(result["steps"], plain_s)
         result["overhead_ms_per_step"] = 1000 * (result["run_s"] - plain_s) / result["steps"]
@@ -438,8 +452,8 @@ def render(report: dict[str, Any]) -> str:
     m, c = report["machine"], report["config"]
     lines = [
         f"durable benchmark, {report['date']}: {m['cpus']} CPUs, Python {m['python']}, "
-        f"SQLite {m['sqlite']}, synchronous={c['synchronous']}, {STEPS} no-op steps per run, "
-        f"median of {c['repeat']}",
+        f"SQLite {m['sqlite']}, synchronous={c['synchronous']}, {STEPS} no-op steps per run "
+        f"(on_doubt={c['on_doubt']}), median of {c['repeat']}",
         f"load average before/after: {m['loadavg_before']} / {m['loadavg_after']}",
         "",
     ]
@@ -540,6 +554,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default 3, --quick 1)")
     parser.add_argument("--synchronous", choices=["normal", "full"], default="normal",
                         help="SQLite synchronous setting for the engine and the baselines")
+    parser.add_argument("--on-doubt", choices=["retry", "fail"], default="retry",
+                        help="the activities' on_doubt: retry (idempotent, the default) or "
+                        "fail (not safe to repeat: each completion is committed on its own)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--quick", action="store_true",
                         help="small numbers: a smoke run of a few seconds")
@@ -586,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             "concurrency": args.concurrency,
             "repeat": args.repeat,
             "synchronous": args.synchronous,
+            "on_doubt": args.on_doubt,
             "db": args.db,
             "quick": args.quick,
         },

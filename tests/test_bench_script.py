@@ -78,12 +78,14 @@ def test_quick_run_reports_every_figure_as_json(tmp_path: Path, backend: str) ->
     assert all(isinstance(met, bool) for met in result["targets"].values())
 
 
-def test_synchronous_full_and_the_text_table(tmp_path: Path) -> None:
+def test_synchronous_full_strict_activities_and_the_text_table(tmp_path: Path) -> None:
     db = tmp_path / "bench.db"
     out = run_bench(tmp_path, "--backend", "asyncio", "--synchronous", "full",
-                    "--sequential", "5", "--concurrent", "20", "--db", str(db)).stdout
+                    "--on-doubt", "fail", "--sequential", "5", "--concurrent", "20",
+                    "--db", str(db)).stdout
 
     assert "synchronous=full" in out
+    assert "on_doubt=fail" in out
     assert "journaled steps/s" in out
     assert "aiosqlite" in out
     assert db.exists()  # the workloads ran on the file given, the baselines beside it
