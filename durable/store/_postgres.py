@@ -121,9 +121,12 @@ class PostgresStore(Store):
             max_size=self.pool_size,
             open=False,
             timeout=POOL_TIMEOUT,
-            # A connection broken while idle (server restart, failover) is replaced before
-            # use instead of failing the statement: one extra round trip per checkout.
-            check=AsyncConnectionPool.check_connection,
+            # No check on every checkout: it cost a round trip per statement (+30 % claims/s
+            # without it, docs/benchmarks-claims.md). A connection broken while idle fails
+            # one statement as StoreError: the worker's loops retry, and an attempt whose
+            # journal write failed stops and is resumed from the journal. Idle connections
+            # are recycled after max_idle.
+            max_idle=60.0,
             name=f"durable:{self.schema}",
         )
         try:

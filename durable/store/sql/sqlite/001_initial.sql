@@ -29,7 +29,9 @@ CREATE TABLE durable_runs (
 -- At most one running run per concurrency key, enforced by the database itself.
 CREATE UNIQUE INDEX durable_runs_one_running_per_key
     ON durable_runs (concurrency_key) WHERE state = 'running' AND concurrency_key IS NOT NULL;
-CREATE INDEX durable_runs_queue ON durable_runs (state, run_at);
+-- the claim's order; and the epoch, so max(epoch) + 1 is an index lookup, not a scan
+CREATE INDEX durable_runs_queue ON durable_runs (state, run_at, created_at, id);
+CREATE INDEX durable_runs_epoch ON durable_runs (epoch);
 CREATE INDEX durable_runs_by_key ON durable_runs (workflow, concurrency_key, created_at);
 CREATE INDEX durable_runs_by_created ON durable_runs (created_at);
 
