@@ -88,6 +88,7 @@ class Attempt:
         self.scope = anyio.CancelScope(deadline=self.lease_deadline)
         self.stop_reason: str | None = None
         self.lost = False
+        self.concluding = False
         self.heartbeat_detail: JSON = None
         self.history = History()
         self.doom: BaseException | None = None
@@ -200,7 +201,8 @@ class Attempt:
         outcome: tuple[str, Any] | None = None
         with self.scope:
             try:
-                self.history = History.fold(await self.store.journal(self.run.id))
+                if self.run.attempt > 1:  # a first attempt's journal holds no steps yet
+                    self.history = History.fold(await self.store.journal(self.run.id))
                 wf = self.registry.workflow(self.run.workflow)
                 doubtful = self.history.in_doubt(self.fence.epoch)
                 self.log.info("attempt_started", in_doubt=len(doubtful))
@@ -235,6 +237,7 @@ class Attempt:
                 self.stop_reason = "lease expired locally (renewals failed)"
             outcome = ("stopped", self.stop_reason)
         with anyio.move_on_after(CLEANUP_TIMEOUT, shield=True) as cleanup:
+            self.concluding = True
             await self._conclude(*outcome)
             if self._own_transport is not None:
                 await self._own_transport.aclose()
@@ -314,8 +317,7 @@ class Attempt:
         self._used_keys.add(skey)
         view = self.history.steps.get(skey)
         if view is None:
-            view = StepView(self.history.next_number(), skey, name)
-            self.history.steps[skey] = view
+            view = self.history.add(skey, name)
         elif view.name != name:
             err = NonDeterminismError(
                 f"run {self.run.id}: step {view.number} (key {skey!r}) was journaled as "

@@ -36,6 +36,8 @@ class History:
 
     def __init__(self) -> None:
         self.steps: dict[str, StepView] = {}
+        self.top = 0
+        """The highest step number given out so far (kept, not searched for)."""
         self.last_seq = 0
         self.replays = 0
 
@@ -46,8 +48,11 @@ class History:
             history.apply(entry)
         return history
 
-    def next_number(self) -> int:
-        return 1 + max((s.number for s in self.steps.values()), default=0)
+    def add(self, key: str, name: str) -> StepView:
+        """A new step, numbered after every step seen so far."""
+        self.top += 1
+        view = self.steps[key] = StepView(self.top, key, name)
+        return view
 
     def by_number(self, number: int) -> StepView | None:
         for step in self.steps.values():
@@ -70,6 +75,7 @@ class History:
         if step is None:
             step = StepView(entry.step, entry.step_key, entry.name or "?")
             self.steps[entry.step_key] = step
+            self.top = max(self.top, entry.step)
         data = entry.data
         step.epoch = entry.epoch
         if kind is EntryKind.STEP_STARTED:

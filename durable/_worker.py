@@ -184,6 +184,8 @@ class Worker:
             return
         held = {r.run_id: r for r in renewals}
         for attempt in attempts:
+            if attempt.concluding:  # its finish may have committed already: not a loss
+                continue
             renewal = held.get(attempt.run.id)
             if renewal is None or renewal.epoch != attempt.fence.epoch:
                 if self.active.get(attempt.run.id) is attempt:

@@ -236,3 +236,39 @@ async def test_lease_lost_inside_a_task_group_stops_the_attempt_not_the_worker(
     journal = await client.journal("f")
     assert kinds(journal)[-1] == "step_started"  # the lost attempt wrote nothing more
     assert (await client.get("f")).state is RunState.RUNNING  # until its lease lapses
+
+
+class RenewRightAfterFinish(SqliteStore):
+    """A real store that lets the worker renew between a run's finish and its cleanup."""
+
+    worker: durable.Worker | None = None
+
+    async def finish(self, fence: Fence, state: RunState, **kwargs: object) -> bool:
+        ok = await super().finish(fence, state, **kwargs)  # type: ignore[arg-type]
+        if self.worker is not None:
+            await self.worker.renew_now()
+        return ok
+
+
+async def test_a_finished_run_is_not_reported_as_a_lost_lease(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    import durable.testing
+
+    @durable.workflow("quick", registry=registry)
+    async def quick(ctx: durable.WorkflowContext) -> str:
+        return "done"
+
+    store = RenewRightAfterFinish(str(tmp_path / "f.db"))
+    await store.open()
+    client = durable.Client(store, registry=registry)
+    try:
+        with durable.testing.capture_logs() as logs:
+            async with running_worker(client, registry) as worker:
+                store.worker = worker
+                await client.start("quick", id="q")
+                assert (await client.wait("q")).result == "done"
+    finally:
+        await store.aclose()
+    events = [e["event"] for e in logs]
+    assert "run_completed" in events
+    assert "lease_lost" not in events and "attempt_stopping" not in events

@@ -36,7 +36,7 @@ CREATE INDEX durable_runs_by_key ON durable_runs (workflow, concurrency_key, cre
 CREATE INDEX durable_runs_by_created ON durable_runs (created_at);
 
 CREATE TABLE durable_journal (
-    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq      INTEGER PRIMARY KEY,
     run_id   TEXT NOT NULL,
     epoch    INTEGER NOT NULL,
     kind     TEXT NOT NULL,

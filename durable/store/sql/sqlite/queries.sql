@@ -35,7 +35,7 @@ SET state = 'running',
     lease_expires_at = :now + :lease,
     heartbeat_at = :now,
     updated_at = :now
-WHERE state = 'queued'
+WHERE +state = 'queued'  -- unary +: look the chosen ids up by primary key, not the queue
   AND id IN (
     SELECT r.id FROM durable_runs AS r
     WHERE r.state = 'queued' AND r.run_at <= :now
