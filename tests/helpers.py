@@ -9,19 +9,15 @@ from typing import Any
 import anyio
 
 import durable
+import durable.testing
 
 
 @asynccontextmanager
 async def running_worker(client: durable.Client, registry: durable.Registry,
                          **options: Any) -> AsyncIterator[durable.Worker]:
-    options.setdefault("poll_interval", 0.01)
-    worker = durable.Worker(client.store, registry=registry, **options)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        try:
-            yield worker
-        finally:
-            worker.shutdown(grace=0)
+    """A worker on ``client``'s store running ``registry``'s workflows for the block."""
+    async with durable.testing.running_worker(client, registry=registry, **options) as worker:
+        yield worker
 
 
 async def poll(predicate: Callable[[], Any], *, timeout: float = 10.0,
