@@ -1,6 +1,13 @@
 """The engine's benchmark: journaled steps per second, and what they cost against baselines.
 
-Workloads (each repetition on a fresh SQLite file unless ``--db`` is given):
+Stores (``--backends sqlite,postgres``, default both, in the same run): SQLite on each
+event loop of ``--backend``; PostgreSQL (``--pg-url``) on asyncio only, since psycopg's async
+driver needs an asyncio loop (its trio column reads "n/a (asyncio only)"). An unreachable
+PostgreSQL server prints one note and skips that column (exit 0) unless
+``--require-postgres`` (exit 2).
+
+Workloads (each repetition on a fresh SQLite file unless ``--db`` is given, or a fresh
+PostgreSQL schema, every schema dropped at the end, also on failure):
 
 - **sequential**: ``--sequential N`` runs (default 200) of a workflow of 5 no-op activities,
   queued up front and executed by one worker with ``concurrency=1``: one run at a time, so
@@ -15,7 +22,9 @@ the default here) the completion is committed with the run's next journal write;
 committed before the workflow goes on. A run also costs a claim, a journal read and a final
 ``finish`` transaction, all counted in. The clock
 starts once the worker is up (its start-up is reported apart) and stops when the last run's
-``finish`` has committed.
+``finish`` has committed. Afterwards every run is checked to have completed and every step
+to be journaled, with plain ``sqlite3`` or plain (sync) ``psycopg``; otherwise the script
+exits non-zero.
 
 Baselines measured in the same process, on the same file system:
 
@@ -27,6 +36,8 @@ Baselines measured in the same process, on the same file system:
   database thread (``durable.store._thread.DbThread``): the cost of one thread hop.
 - **aiosqlite**: one autocommit INSERT per ``await`` (asyncio only: aiosqlite does not run on
   trio).
+- **psycopg** (PostgreSQL column): one autocommit INSERT per ``await`` on one async
+  connection: a round trip and a commit, the floor under any fenced write of that store.
 
 Each workload runs ``--repeat`` times (default 3); the run with the median steps/s is
 reported, and the JSON keeps every repetition's figure. The load average is printed: on a
@@ -46,6 +57,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import sqlite3
 import statistics
 import sys
@@ -71,6 +83,10 @@ STEPS = 5
 TARGET_SEQUENTIAL = 2_000.0  # journaled steps/s, one run at a time
 TARGET_OVERHEAD_MS = 0.5  # per step, one run at a time
 TARGET_CONCURRENT = 5_000.0  # journaled steps/s across concurrent runs
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+STORES = ("sqlite", "postgres")
+ASYNCIO_ONLY = "n/a (asyncio only)"
+NA = "-"  # a figure that does not apply to the column
 PAYLOAD = "x" * 100
 SHOWN_WARNINGS = 3  # engine warnings printed per event name; the rest are only counted
 
@@ -146,7 +162,8 @@ class Counter:
 
     Jobs are counted by wrapping the SQLite store's ``DbThread.run``, inline jobs read from
     its ``inline_jobs`` counter, commits by the connections' ``commit()`` (the engine's
-    connections are opened while :func:`counting_commits` is active). Private API: a
+    connections are opened while :func:`counting_commits` is active). On PostgreSQL a job
+    is one checkout of a pooled connection (``PostgresStore._connection``). Private API: a
     benchmark may peek; counts stay zero where there is nothing to count.
     """
 
@@ -158,6 +175,10 @@ class Counter:
         self._db: Any = None
 
     def attach(self, store: durable.Store) -> None:
+        connection = getattr(store, "_connection", None)
+        if getattr(store, "_db", None) is None and connection is not None:
+            self._attach_pool(store, connection)
+            return
         db = getattr(store, "_db", None)
         if db is None:
             return
@@ -171,6 +192,19 @@ class Counter:
             return await run(fn, write=write)
 
         db.run = counting_run
+
+    def _attach_pool(self, store: durable.Store, connection: Any) -> None:
+        """PostgreSQL: a job is one checkout of a pooled connection (a statement, and its
+        commit: the store's connections are autocommit). Nothing runs inline there."""
+        counter = self
+
+        @contextlib.asynccontextmanager
+        async def counting_connection() -> Any:
+            counter.jobs += 1
+            async with connection() as conn:
+                yield conn
+
+        store._connection = counting_connection  # type: ignore[attr-defined]
 
     def snapshot(self) -> dict[str, int]:
         return {"jobs": self.jobs, "write_jobs": self.write_jobs,
@@ -202,7 +236,9 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
                      label: str, strict: bool = False) -> dict[str, Any]:
     """Queue ``runs`` runs, then drain them with one worker; time both phases."""
     prefix = f"bench-{label}-{uuid.uuid4().hex[:8]}-"
-    store = durable.store_from_url(url)
+    postgres = is_postgres(url)
+    # The pool the worker CLI gives a worker of this concurrency (SQLite ignores it).
+    store = durable.store_from_url(url, pool_size=min(concurrency + 3, 10))
     with counting_commits():  # the store opens its connections here (and only here)
         await store.open()
     try:
@@ -252,6 +288,8 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
         await store.aclose()
 
     counts = {name: after[name] - before[name] for name in Counter.FIELDS}
+    if postgres:  # no commit counter there: every checkout is an autocommit statement
+        counts["commits"] = counts["jobs"]
     completed, journaled = verify(url, prefix)
     if completed != runs or journaled != runs * STEPS:
         raise SystemExit(f"{label}: expected {runs} completed runs and {runs * STEPS} "
@@ -270,34 +308,49 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
         "ms_per_step": 1000 * run_s / steps,
         "cpu_ms_per_step": 1000 * cpu_s / steps,
         "db_jobs_per_step": counts["jobs"] / steps,
-        "inline_jobs_per_step": counts["inline_jobs"] / steps,
+        "inline_jobs_per_step": None if postgres else counts["inline_jobs"] / steps,
         "commits_per_step": counts["commits"] / steps,
-        "write_jobs_per_commit": (counts["write_jobs"] / counts["commits"]
+        "write_jobs_per_commit": (None if postgres else
+                                  counts["write_jobs"] / counts["commits"]
                                   if counts["commits"] else 0.0),
     }
 
 
+COUNT_COMPLETED = "SELECT count(*) FROM durable_runs WHERE id LIKE {} AND state = 'completed'"
+COUNT_JOURNALED = ("SELECT count(*) FROM durable_journal WHERE run_id LIKE {} "
+                   "AND kind = 'step_completed'")
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql:", "postgres:"))
+
+
 def verify(url: str, prefix: str) -> tuple[int, int]:
-    """Count the completed runs and journaled steps of one workload, with plain sqlite3."""
+    """Count the completed runs and journaled steps of one workload, with plain sqlite3 or
+    plain (sync) psycopg."""
+    if is_postgres(url):
+        base, _, schema = url.rpartition("schema=")
+        import psycopg
+
+        with psycopg.connect(PgServer.dsn_for(base.rstrip("?&"), schema)) as pg:
+            completed = pg.execute(COUNT_COMPLETED.format("%s"), (prefix + "%",)).fetchone()
+            journaled = pg.execute(COUNT_JOURNALED.format("%s"), (prefix + "%",)).fetchone()
+        return int(completed[0] if completed else 0), int(journaled[0] if journaled else 0)
     path = url[len("sqlite:///"):].partition("?")[0]
     conn = sqlite3.connect(path)
     try:
-        completed = conn.execute(
-            "SELECT count(*) FROM durable_runs WHERE id LIKE ? AND state = 'completed'",
-            (prefix + "%",)).fetchone()[0]
-        journaled = conn.execute(
-            "SELECT count(*) FROM durable_journal WHERE run_id LIKE ? AND kind = 'step_completed'",
-            (prefix + "%",)).fetchone()[0]
+        completed = conn.execute(COUNT_COMPLETED.format("?"), (prefix + "%",)).fetchone()[0]
+        journaled = conn.execute(COUNT_JOURNALED.format("?"), (prefix + "%",)).fetchone()[0]
     finally:
         conn.close()
     return int(completed), int(journaled)
 
 
-async def workload(args: argparse.Namespace, path_for: Callable[[str], Path], name: str,
+async def workload(args: argparse.Namespace, url_for: Callable[[str], str], name: str,
                    runs: int, concurrency: int, at_once: bool, label: str) -> dict[str, Any]:
     """Repeat one workload; return the median repetition (by steps/s) with all figures."""
     results = [
-        await run_engine(store_url(path_for(f"{name}-{i}"), args.synchronous), runs,
+        await run_engine(url_for(f"{name}-{i}"), runs,
                          concurrency=concurrency, start_at_once=at_once, label=f"{label}{i}",
                          strict=args.on_doubt == "fail")
         for i in range(args.repeat)
@@ -382,28 +435,114 @@ async def aiosqlite_commits(path: Path, synchronous: str, n: int) -> float | Non
         return rate(n, time.perf_counter() - t0)
 
 
-# -- one backend ---------------------------------------------------------------------------
+async def psycopg_commits(pg: PgServer, n: int) -> float:
+    """Commits/s: one autocommit INSERT per await on one async psycopg connection."""
+    import psycopg
+    from psycopg import sql
+
+    schema = pg.new_schema()
+    table = sql.Identifier(schema, "t")
+    async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        await conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, "
+                                   "data text NOT NULL)").format(table))
+        insert = sql.SQL("INSERT INTO {} (data) VALUES (%s)").format(table)
+        await conn.execute(insert, (PAYLOAD,))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await conn.execute(insert, (PAYLOAD,))
+        return rate(n, time.perf_counter() - t0)
+
+
+# -- the PostgreSQL server -------------------------------------------------------------------
+class PgServer:
+    """The server of ``--pg-url``: fresh schemas for the workloads, all dropped at the end."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self._psycopg = psycopg
+        base, _, query = url.partition("?")
+        # ``schema`` is the store's option; this script picks its own schemas.
+        items = [i for i in query.split("&") if i and not i.startswith("schema=")]
+        self.url = f"{base}?{'&'.join(items)}" if items else base
+        self.prefix = f"durable_bench_{uuid.uuid4().hex[:8]}"
+        self.schemas: list[str] = []
+
+    @staticmethod
+    def dsn_for(url: str, schema: str) -> str:
+        """libpq connection string: the URL's options, ``search_path`` set to ``schema``."""
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        options = " ".join(filter(None, [str(conninfo_to_dict(url).get("options") or ""),
+                                         f"-c search_path={schema}"]))
+        return str(make_conninfo(url, options=options))
+
+    def unreachable(self) -> str | None:
+        """None when the server answers, else why not (one line)."""
+        try:
+            with self._psycopg.connect(self.url, connect_timeout=3):
+                return None
+        except self._psycopg.Error as exc:
+            return " ".join(str(exc).split())
+
+    def version(self) -> str:
+        with self._psycopg.connect(self.url) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            return str(row[0]).split()[0] if row else "?"
+
+    def new_schema(self) -> str:
+        self.schemas.append(f"{self.prefix}_{len(self.schemas) + 1}")
+        return self.schemas[-1]
+
+    def new_url(self) -> str:
+        """A store URL on a schema of its own (the store creates it when it opens)."""
+        return f"{self.url}{'&' if '?' in self.url else '?'}schema={self.new_schema()}"
+
+    def close(self) -> None:
+        """Drop every schema this run named (those never created are skipped)."""
+        from psycopg import sql
+
+        if not self.schemas:
+            return
+        try:
+            with self._psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+                while self.schemas:
+                    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                        sql.Identifier(self.schemas[-1])))
+                    self.schemas.pop()
+        except self._psycopg.Error as exc:
+            print(f"bench: could not drop PostgreSQL schema(s) {', '.join(self.schemas)}: "
+                  f"{' '.join(str(exc).split())}", file=sys.stderr)
+
+
+# -- one column ----------------------------------------------------------------------------
 async def bench_backend(args: argparse.Namespace, workdir: Path, backend: str,
-                        sqlite3_rate: float) -> dict[str, Any]:
+                        sqlite3_rate: float, pg: PgServer | None = None) -> dict[str, Any]:
+    """One column: SQLite on the event loop ``backend``, or PostgreSQL (asyncio) if ``pg``."""
+    store = "postgres" if pg else "sqlite"
+
     def fresh(name: str) -> Path:
         path = workdir / f"{backend}-{name}.db"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         return path
 
-    def path_for(name: str) -> Path:
-        return Path(args.db) if args.db else fresh(name)
+    def url_for(name: str) -> str:
+        if pg is not None:
+            return pg.new_url()
+        return store_url(Path(args.db) if args.db else fresh(name), args.synchronous)
 
     warnings_before = WARNINGS.copy()
-    # Warm up imports, code paths and the file system once (not timed).
-    await run_engine(store_url(fresh("warmup"), args.synchronous), 5, concurrency=1,
-                     start_at_once=False, label=f"{backend}-warmup",
+    # Warm up imports, code paths and the file system or server once (not timed).
+    await run_engine(pg.new_url() if pg else store_url(fresh("warmup"), args.synchronous), 5,
+                     concurrency=1, start_at_once=False, label=f"{store}-{backend}-warmup",
                      strict=args.on_doubt == "fail")
 
-    seq = await workload(args, path_for, "sequential", args.sequential, 1, False,
-                         f"{backend}-seq")
-    con = await workload(args, path_for, "concurrent", args.concurrent,
-                         args.concurrency or args.concurrent, True, f"{backend}-con")
+    seq = await workload(args, url_for, "sequential", args.sequential, 1, False,
+                         f"{store}-{backend}-seq")
+    con = await workload(args, url_for, "concurrent", args.concurrent,
+                         args.concurrency or args.concurrent, True, f"{store}-{backend}-con")
 
     strict = args.on_doubt == "fail"
     plain_seq_s = min([await plain_async(args.sequential, False, strict) for _ in range(3)])
@@ -412,23 +551,32 @@ async def bench_backend(args: argparse.Namespace, workdir: Path, backend: str,
         result["plain_steps_per_s"] = rate(result["steps"], plain_s)
         result["overhead_ms_per_step"] = 1000 * (result["run_s"] - plain_s) / result["steps"]
 
-    thread_rate = statistics.median([
-        await store_thread_commits(fresh(f"thread-{i}"), args.synchronous, args.commits)
-        for i in range(args.repeat)])
-    aio_rates = [await aiosqlite_commits(fresh(f"aiosqlite-{i}"), args.synchronous, args.commits)
-                 for i in range(args.repeat)]
-    measured = [r for r in aio_rates if r is not None]
-    aio_rate = statistics.median(measured) if measured else None
-    return {
-        "sequential": seq,
-        "concurrent": con,
-        "baselines": {
-            "plain_async_sequential_steps_per_s": seq["plain_steps_per_s"],
-            "plain_async_concurrent_steps_per_s": con["plain_steps_per_s"],
+    baselines: dict[str, Any] = {
+        "plain_async_sequential_steps_per_s": seq["plain_steps_per_s"],
+        "plain_async_concurrent_steps_per_s": con["plain_steps_per_s"],
+    }
+    if pg is not None:
+        baselines["psycopg_commits_per_s"] = statistics.median([
+            await psycopg_commits(pg, max(1, args.commits // 5)) for _ in range(args.repeat)])
+    else:
+        thread_rate = statistics.median([
+            await store_thread_commits(fresh(f"thread-{i}"), args.synchronous, args.commits)
+            for i in range(args.repeat)])
+        aio_rates = [await aiosqlite_commits(fresh(f"aiosqlite-{i}"), args.synchronous,
+                                             args.commits)
+                     for i in range(args.repeat)]
+        measured = [r for r in aio_rates if r is not None]
+        baselines.update({
             "sqlite3_commits_per_s": sqlite3_rate,
             "store_thread_commits_per_s": thread_rate,
-            "aiosqlite_commits_per_s": aio_rate,
-        },
+            "aiosqlite_commits_per_s": statistics.median(measured) if measured else None,
+        })
+    return {
+        "store": store,
+        "loop": backend,
+        "sequential": seq,
+        "concurrent": con,
+        "baselines": baselines,
         "targets": {
             "sequential_steps_per_s": seq["steps_per_s"] >= TARGET_SEQUENTIAL,
             "sequential_overhead_ms": seq["overhead_ms_per_step"] <= TARGET_OVERHEAD_MS,
@@ -442,25 +590,52 @@ async def bench_backend(args: argparse.Namespace, workdir: Path, backend: str,
 def fmt(value: Any, digits: int = 0) -> str:
     if value is None:
         return "n/a"
+    if isinstance(value, str):
+        return value
     if isinstance(value, bool):
         return "met" if value else "MISSED"
     return f"{value:,.{digits}f}"
 
 
+def columns(report: dict[str, Any]) -> list[tuple[str, dict[str, Any] | str]]:
+    """(header, figures) per column: SQLite per event loop, then PostgreSQL (asyncio; its
+    trio column is the string that says why not)."""
+    cols: list[tuple[str, dict[str, Any] | str]] = [
+        (f"sqlite {loop}", result) for loop, result in report["backends"].items()]
+    cols += [(f"postgres {loop}", result)
+             for loop, result in (report.get("postgres") or {}).get("columns", {}).items()]
+    return cols
+
+
 def render(report: dict[str, Any]) -> str:
-    backends = list(report["backends"])
+    cols = columns(report)
     m, c = report["machine"], report["config"]
+    pg = report.get("postgres")
     lines = [
         f"durable benchmark, {report['date']}: {m['cpus']} CPUs, Python {m['python']}, "
-        f"SQLite {m['sqlite']}, synchronous={c['synchronous']}, {STEPS} no-op steps per run "
+        f"SQLite {m['sqlite']}"
+        + (f", PostgreSQL {pg['server_version']} ({pg['url']}, psycopg {m['psycopg']})"
+           if pg else "")
+        + f", synchronous={c['synchronous']}, {STEPS} no-op steps per run "
         f"(on_doubt={c['on_doubt']}), median of {c['repeat']}",
         f"load average before/after: {m['loadavg_before']} / {m['loadavg_after']}",
-        "",
     ]
-    width = 46
+    lines += [f"note: PostgreSQL column skipped: {why}" for why in report["skipped"].values()]
+    lines.append("")
+    width = 44
+    widths = [max(14, len(head) + 2, len(fig) + 2 if isinstance(fig, str) else 0)
+              for head, fig in cols]
 
     def row(label: str, get: Callable[[dict[str, Any]], Any], digits: int = 0) -> None:
-        cells = "".join(f"{fmt(get(report['backends'][b]), digits):>14}" for b in backends)
+        def cell(fig: dict[str, Any] | str) -> str:
+            if isinstance(fig, str):
+                return fig
+            try:
+                return fmt(get(fig), digits)
+            except KeyError:
+                return NA
+
+        cells = "".join(f"{cell(fig):>{w}}" for (_, fig), w in zip(cols, widths, strict=True))
         lines.append(f"  {label:<{width}}{cells}")
 
     def engine_rows(name: str) -> None:
@@ -468,7 +643,7 @@ def render(report: dict[str, Any]) -> str:
         row("ms per step (wall clock)", lambda r: r[name]["ms_per_step"], 3)
         row("per-step overhead vs plain async (ms)",
             lambda r: r[name]["overhead_ms_per_step"], 3)
-        row("CPU ms per step (all threads)", lambda r: r[name]["cpu_ms_per_step"], 3)
+        row("CPU ms per step (this process)", lambda r: r[name]["cpu_ms_per_step"], 3)
         row("runs/s", lambda r: r[name]["runs_per_s"])
         row("store jobs per step", lambda r: r[name]["db_jobs_per_step"], 2)
         row("  of which inline (no thread hop)", lambda r: r[name]["inline_jobs_per_step"], 2)
@@ -478,7 +653,8 @@ def render(report: dict[str, Any]) -> str:
         row("worker start-up (ms, not counted above)",
             lambda r: r[name]["worker_start_ms"], 1)
 
-    lines.append(f"  {'':<{width}}" + "".join(f"{b:>14}" for b in backends))
+    lines.append(f"  {'':<{width}}" + "".join(
+        f"{head:>{w}}" for (head, _), w in zip(cols, widths, strict=True)))
     lines.append(f"sequential: {c['sequential']} runs, one at a time (worker concurrency 1)")
     engine_rows("sequential")
     lines.append(f"concurrent: {c['concurrent']} runs started at once, worker concurrency "
@@ -494,17 +670,19 @@ def render(report: dict[str, Any]) -> str:
         lambda r: r["baselines"]["store_thread_commits_per_s"])
     row("aiosqlite, 1 autocommit per await, commits/s",
         lambda r: r["baselines"]["aiosqlite_commits_per_s"])
+    row("psycopg, 1 autocommit per await, commits/s",
+        lambda r: r["baselines"]["psycopg_commits_per_s"])
     lines.append(f"targets (sequential >= {TARGET_SEQUENTIAL:,.0f} steps/s and <= "
                  f"{TARGET_OVERHEAD_MS} ms/step overhead; concurrent >= "
                  f"{TARGET_CONCURRENT:,.0f} steps/s)")
     row("sequential steps/s", lambda r: r["targets"]["sequential_steps_per_s"])
     row("sequential per-step overhead", lambda r: r["targets"]["sequential_overhead_ms"])
     row("concurrent steps/s", lambda r: r["targets"]["concurrent_steps_per_s"])
-    for b in backends:
-        warned = report["backends"][b]["warnings"]
+    for head, fig in cols:
+        warned = fig["warnings"] if isinstance(fig, dict) else {}
         if warned:
             listed = ", ".join(f"{event} x{n}" for event, n in sorted(warned.items()))
-            lines.append(f"engine warnings on {b}: {listed}")
+            lines.append(f"engine warnings on {head}: {listed}")
     return "\n".join(lines)
 
 
@@ -523,6 +701,7 @@ def machine() -> dict[str, Any]:
         "anyio": version("anyio"),
         "trio": version("trio"),
         "aiosqlite": version("aiosqlite"),
+        "psycopg": version("psycopg"),
     }
 
 
@@ -531,6 +710,20 @@ def loadavg() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+def _stores(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in STORES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {', '.join(STORES)}, got {text!r}")
+    return [n for n in STORES if n in names]
+
+
+def redact(url: str) -> str:
+    """The URL with its password, if any, shown as ***."""
+    return re.sub(r"(://[^:/@?]*:)[^@/?]*@", r"\1***@", url)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -557,6 +750,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--on-doubt", choices=["retry", "fail"], default="retry",
                         help="the activities' on_doubt: retry (idempotent, the default) or "
                         "fail (not safe to repeat: each completion is committed on its own)")
+    parser.add_argument("--backends", type=_stores, default=list(STORES),
+                        help="stores to measure, side by side: sqlite,postgres (default "
+                        "both; PostgreSQL on asyncio only)")
+    parser.add_argument("--pg-url", default=PG_URL,
+                        help=f"PostgreSQL server (default {PG_URL}); a fresh schema per "
+                        "repetition, all dropped at the end")
+    parser.add_argument("--require-postgres", action="store_true",
+                        help="exit 2 instead of skipping the PostgreSQL column when the "
+                        "server is unreachable")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--quick", action="store_true",
                         help="small numbers: a smoke run of a few seconds")
@@ -577,22 +779,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def open_postgres(args: argparse.Namespace) -> tuple[PgServer | None, str | None]:
+    """The server to measure, or None and why it is skipped."""
+    try:
+        pg = PgServer(args.pg_url)
+    except ImportError:
+        return None, "psycopg is not installed (pip install 'durable[postgres]')"
+    why = pg.unreachable()
+    if why:
+        return None, f"no PostgreSQL server reachable at {redact(pg.url)}: {why}"
+    return pg, None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
     backends = ["asyncio", "trio"] if args.backend == "both" else [args.backend]
+    skipped: dict[str, str] = {}
+    pg: PgServer | None = None
+    if "postgres" in args.backends:
+        pg, why = open_postgres(args)
+        if why:
+            if args.require_postgres:
+                print(f"bench: error: {why}", file=sys.stderr)
+                return 2
+            skipped["postgres"] = why
+            if args.json:  # the text report carries the note itself
+                print(f"note: PostgreSQL column skipped: {why}", file=sys.stderr)
     load_before = loadavg()
     base = Path(args.db).parent if args.db else None
-    with tempfile.TemporaryDirectory(prefix="durable-bench-", dir=base) as tmp:
-        workdir = Path(tmp)
-        sqlite3_commits(workdir / "warmup-sqlite3.db", args.synchronous, 100)
-        sqlite3_rate = statistics.median(
-            sqlite3_commits(workdir / f"sqlite3-{i}.db", args.synchronous, args.commits)
-            for i in range(args.repeat))
-        results: dict[str, Any] = {}
-        for backend in backends:
-            results[backend] = anyio.run(bench_backend, args, workdir, backend, sqlite3_rate,
-                                         backend=backend)
+    results: dict[str, Any] = {}
+    postgres: dict[str, Any] | None = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="durable-bench-", dir=base) as tmp:
+            workdir = Path(tmp)
+            sqlite3_rate = 0.0
+            if "sqlite" in args.backends:
+                sqlite3_commits(workdir / "warmup-sqlite3.db", args.synchronous, 100)
+                sqlite3_rate = statistics.median(
+                    sqlite3_commits(workdir / f"sqlite3-{i}.db", args.synchronous,
+                                    args.commits)
+                    for i in range(args.repeat))
+                for backend in backends:
+                    results[backend] = anyio.run(bench_backend, args, workdir, backend,
+                                                 sqlite3_rate, backend=backend)
+            if pg is not None:
+                postgres = {"server_version": pg.version(), "url": redact(pg.url),
+                            "schema_prefix": pg.prefix, "columns": {}}
+                for backend in backends:  # psycopg's async driver needs asyncio
+                    postgres["columns"][backend] = (
+                        anyio.run(bench_backend, args, workdir, "asyncio", sqlite3_rate, pg,
+                                  backend="asyncio")
+                        if backend == "asyncio" else ASYNCIO_ONLY)
+    finally:
+        if pg is not None:
+            pg.close()
     report = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {**machine(), "loadavg_before": load_before, "loadavg_after": loadavg()},
@@ -606,11 +847,14 @@ def main(argv: list[str] | None = None) -> int:
             "on_doubt": args.on_doubt,
             "db": args.db,
             "quick": args.quick,
+            "stores": args.backends,
         },
         "targets": {"sequential_steps_per_s": TARGET_SEQUENTIAL,
                     "sequential_overhead_ms": TARGET_OVERHEAD_MS,
                     "concurrent_steps_per_s": TARGET_CONCURRENT},
-        "backends": results,
+        "backends": results,  # SQLite, by event loop
+        "postgres": postgres,  # {"columns": {"asyncio": {...}, "trio": "n/a (asyncio only)"}}
+        "skipped": skipped,
     }
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0

@@ -2,7 +2,8 @@
 
 No timing is asserted: the figures depend on the machine and its load. What is checked is
 that every workload completed (the script verifies the journal itself and exits non-zero
-otherwise) and that the report carries each figure the docs quote.
+otherwise) and that the report carries each figure the docs quote, for SQLite and, where the
+machine's server is reachable, PostgreSQL.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, subprocess_env
+from .pg import postgres_server  # noqa: F401  (a fixture)
 
 BENCH = ROOT / "scripts" / "bench.py"
 ENGINE_FIGURES = (
@@ -35,13 +37,30 @@ BASELINES = (
 )
 
 
-def run_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/test"
+
+
+def run_bench(tmp_path: Path, *args: str, status: int = 0) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", *args],
         cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=240,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == status, proc.stderr[-3000:]
     return proc
+
+
+def check_engine_figures(result: dict[str, Any], config: dict[str, Any]) -> None:
+    for workload, runs in (("sequential", config["sequential"]),
+                           ("concurrent", config["concurrent"])):
+        figures = result[workload]
+        assert figures["runs"] == runs
+        assert figures["steps"] == runs * config["steps_per_run"]
+        for name in ENGINE_FIGURES:
+            assert positive(figures[name]), (workload, name, figures[name])
+        assert figures["db_jobs_per_step"] >= 0
+        assert len(figures["repeats_steps_per_s"]) == config["repeat"]
+    assert result["sequential"]["concurrency"] == 1
+    assert result["concurrent"]["concurrency"] == config["concurrent"]
 
 
 def positive(value: Any) -> bool:
@@ -50,23 +69,15 @@ def positive(value: Any) -> bool:
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_quick_run_reports_every_figure_as_json(tmp_path: Path, backend: str) -> None:
-    report = json.loads(run_bench(tmp_path, "--json", "--backend", backend).stdout)
+    report = json.loads(run_bench(tmp_path, "--json", "--backend", backend,
+                                  "--backends", "sqlite").stdout)
 
     assert report["config"]["quick"] is True
     assert report["machine"]["cpus"] >= 1
     assert list(report["backends"]) == [backend]
+    assert report["postgres"] is None
     result = report["backends"][backend]
-    for workload, runs in (("sequential", report["config"]["sequential"]),
-                           ("concurrent", report["config"]["concurrent"])):
-        figures = result[workload]
-        assert figures["runs"] == runs
-        assert figures["steps"] == runs * report["config"]["steps_per_run"]
-        for name in ENGINE_FIGURES:
-            assert positive(figures[name]), (workload, name, figures[name])
-        assert figures["db_jobs_per_step"] >= 0
-        assert len(figures["repeats_steps_per_s"]) == report["config"]["repeat"]
-    assert result["sequential"]["concurrency"] == 1
-    assert result["concurrent"]["concurrency"] == report["config"]["concurrent"]
+    check_engine_figures(result, report["config"])
     for name in BASELINES:
         assert positive(result["baselines"][name]), name
     aiosqlite_rate = result["baselines"]["aiosqlite_commits_per_s"]
@@ -80,7 +91,8 @@ def test_quick_run_reports_every_figure_as_json(tmp_path: Path, backend: str) ->
 
 def test_synchronous_full_strict_activities_and_the_text_table(tmp_path: Path) -> None:
     db = tmp_path / "bench.db"
-    out = run_bench(tmp_path, "--backend", "asyncio", "--synchronous", "full",
+    out = run_bench(tmp_path, "--backend", "asyncio", "--backends", "sqlite",
+                    "--synchronous", "full",
                     "--on-doubt", "fail", "--sequential", "5", "--concurrent", "20",
                     "--db", str(db)).stdout
 
@@ -90,3 +102,56 @@ def test_synchronous_full_strict_activities_and_the_text_table(tmp_path: Path) -
     assert "aiosqlite" in out
     assert db.exists()  # the workloads ran on the file given, the baselines beside it
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("durable-bench-")] == []
+
+
+def test_postgres_column_beside_sqlite_in_the_same_run(tmp_path: Path,
+                                                       postgres_server: str) -> None:  # noqa: F811
+    proc = run_bench(tmp_path, "--json", "--pg-url", postgres_server)  # default: both stores
+    report = json.loads(proc.stdout)
+
+    assert report["config"]["stores"] == ["sqlite", "postgres"]
+    assert report["skipped"] == {}
+    assert list(report["backends"]) == ["asyncio", "trio"]  # SQLite on both event loops
+    pg = report["postgres"]
+    assert pg["server_version"]
+    assert pg["columns"]["trio"] == "n/a (asyncio only)"
+    result = pg["columns"]["asyncio"]
+    assert result["store"] == "postgres"
+    check_engine_figures(result, report["config"])
+    assert positive(result["sequential"]["commits_per_step"])
+    assert positive(result["baselines"]["psycopg_commits_per_s"])
+    assert "sqlite3_commits_per_s" not in result["baselines"]
+    assert set(result["targets"]) == set(report["targets"])
+    assert all(isinstance(met, bool) for met in result["targets"].values())
+
+    import psycopg  # the server was reachable, so psycopg is installed
+
+    with psycopg.connect(postgres_server) as conn:  # every schema of the run was dropped
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                            (pg["schema_prefix"] + "%",)).fetchall()
+    assert left == []
+
+
+def test_postgres_text_column_and_trio_marked_asyncio_only(tmp_path: Path,
+                                                         postgres_server: str) -> None:  # noqa: F811
+    out = run_bench(tmp_path, "--backends", "postgres", "--pg-url", postgres_server).stdout
+
+    header = next(line for line in out.splitlines() if "postgres asyncio" in line)
+    assert "postgres trio" in header and "sqlite" not in header
+    assert "psycopg, 1 autocommit per await" in out
+    steps = next(line for line in out.splitlines() if "journaled steps/s" in line)
+    assert steps.rstrip().endswith("n/a (asyncio only)")
+
+
+def test_unreachable_postgres_skips_the_column_unless_required(tmp_path: Path) -> None:
+    proc = run_bench(tmp_path, "--json", "--backend", "asyncio", "--pg-url", UNREACHABLE)
+    report = json.loads(proc.stdout)
+    assert report["postgres"] is None
+    assert "no PostgreSQL server reachable" in report["skipped"]["postgres"]
+    assert list(report["backends"]) == ["asyncio"]  # SQLite measured all the same
+    notes = [line for line in proc.stderr.splitlines() if "PostgreSQL column skipped" in line]
+    assert len(notes) == 1
+
+    proc = run_bench(tmp_path, "--backend", "asyncio", "--backends", "postgres",
+                     "--pg-url", UNREACHABLE, "--require-postgres", status=2)
+    assert "no PostgreSQL server reachable" in proc.stderr
