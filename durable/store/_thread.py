@@ -22,6 +22,7 @@ checkpoint before (a cancelled caller writes nothing) and after (others get to r
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -214,7 +215,15 @@ class DbThread:
         try:
             await cancel_shielded_checkpoint()  # let the other runs add their writes
             batch, self._pending = self._pending, []
-            if self._flush_inline(inline, batch):
+            try:
+                done = self._flush_inline(inline, batch)
+            except BaseException as exc:  # the connection itself failed: nobody may hang
+                with contextlib.suppress(sqlite3.Error):
+                    inline.rollback()
+                for other in batch:
+                    other.error = exc
+                done = True
+            if done:
                 flushed = True
                 self.inline_jobs += len(batch)
                 for other in batch:
