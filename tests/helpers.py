@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 import durable
 import durable.testing
+
+from .conftest import ROOT, subprocess_env
 
 
 @asynccontextmanager
@@ -35,3 +42,21 @@ async def poll(predicate: Callable[[], Any], *, timeout: float = 10.0,
 
 def kinds(entries: list[durable.JournalEntry]) -> list[str]:
     return [e.kind.value for e in entries]
+
+
+@contextmanager
+def python_process(args: list[str], log: Path, *,
+                   env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``python ARGS`` in a session of its own, output appended to ``log`` (never a pipe
+    nobody reads); its whole process group is SIGKILLed at exit if still running."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT,
+                                env=dict(env) if env is not None else subprocess_env(),
+                                start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

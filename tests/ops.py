@@ -11,10 +11,7 @@ time; :meth:`Ops.env` hands the same to a worker subprocess).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +23,8 @@ import durable
 import workflows
 from workflows.records import Slot, read_slot, seed_slot
 
-from .conftest import ROOT, subprocess_env
-from .helpers import running_worker
+from .conftest import subprocess_env
+from .helpers import python_process, running_worker
 from .services import FakeServices
 
 TEMPLATE = "templates/starter"
@@ -130,20 +127,12 @@ def alive(pid: int) -> bool:
 @contextmanager
 def worker_process(ops: Ops, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m durable.worker --import workflows`` in its own process group."""
-    log = (ops.tmp_path / "worker.log").open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "durable.worker", "--db", ops.db_url, "--import", "workflows",
+    with python_process(
+        ["-m", "durable.worker", "--db", ops.db_url, "--import", "workflows",
          "--poll", "0.05", "--log-level", "warning", *extra],
-        cwd=ROOT, env=ops.env(), start_new_session=True, stdin=subprocess.DEVNULL,
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
+        ops.tmp_path / "worker.log", env=ops.env(),
+    ) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        log.close()
 
 
 __all__ = ["TEMPLATE", "Ops", "alive", "git_head", "ops_fixture", "service_env", "worker_process"]

@@ -31,6 +31,7 @@ from durable.store import SCHEMA_VERSION
 
 from . import pgflows
 from .conftest import ROOT, subprocess_env
+from .helpers import python_process
 from .httpserver import Rule, loopback_server
 from .pg import TRIO_SKIP, connect_sync, pg_url, postgres_server, psycopg, split_url
 
@@ -49,18 +50,7 @@ STEPS = 3
 
 
 # -- processes ------------------------------------------------------------------------------------
-@contextmanager
-def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``python ARGS`` in a session of its own, output to ``log``; its group killed at exit."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=subprocess_env(),
-                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+process = python_process
 
 
 def run_cli(args: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,28 +16,20 @@ import durable
 from durable import RunState
 
 from . import crashflows
-from .conftest import ROOT, subprocess_env
-from .helpers import kinds, poll, running_worker
+from .helpers import kinds, poll, python_process, running_worker
 
 pytestmark = pytest.mark.anyio
 
 
 @contextmanager
 def worker_process(db_url: str, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "durable.worker", "--db", db_url, "--import",
-         "tests.crashflows", "--poll", "0.05", "--log-level", "warning", *extra],
-        cwd=ROOT, env=subprocess_env(), start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    try:
+    log = Path(db_url.removeprefix("sqlite:///")).with_suffix(".worker.log")
+    with python_process(
+        ["-m", "durable.worker", "--db", db_url, "--import", "tests.crashflows",
+         "--poll", "0.05", "--log-level", "warning", *extra],
+        log,
+    ) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()
 
 
 def lines(path: Path) -> list[str]:
