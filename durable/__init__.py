@@ -47,6 +47,7 @@ from ._types import JournalEntry as JournalEntry
 from ._types import Run as Run
 from ._types import RunState as RunState
 from ._types import StepState as StepState
+from ._version import __version__ as __version__
 from ._worker import Worker as Worker
 from .store import Store as Store
 from .store import store_from_url as store_from_url

@@ -22,6 +22,7 @@ from ._logging import configure_logging
 from ._registry import default_registry
 from ._report import RecoveryReport, render_timeline, timeline_rows
 from ._types import JournalEntry, Run
+from ._version import __version__
 from ._worker import Worker
 from .store import store_from_url
 
@@ -220,6 +221,8 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="durable", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("start", help="queue a run of a workflow")
@@ -280,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
 def worker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m durable.worker",
                                      description="Claim and run durable workflows.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     _common(parser)
     _worker_options(parser)
     parser.set_defaults(func=_cmd_worker)

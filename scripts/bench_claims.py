@@ -799,7 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             pg = PostgresBackend(args.pg_url, args.same_run_at)
         except ImportError:
-            reason = "psycopg is not installed (pip install 'durable[postgres]')"
+            reason = "psycopg is not installed (pip install 'durable-fenced[postgres]')"
         else:
             reason = pg.reachable() or ""
             if not reason:

@@ -29,7 +29,7 @@ TRIO_SKIP = "psycopg's async driver needs an asyncio loop: the PostgreSQL store 
 @pytest.fixture(scope="session")
 def postgres_server() -> str:
     if psycopg is None:
-        pytest.skip("psycopg is not installed (pip install 'durable[postgres]')")
+        pytest.skip("psycopg is not installed (pip install 'durable-fenced[postgres]')")
     try:
         with psycopg.connect(PG_URL, connect_timeout=3):
             pass

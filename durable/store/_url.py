@@ -52,7 +52,7 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
             from ._postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
             raise ConfigError(
-                "PostgreSQL needs the postgres extra: pip install 'durable[postgres]'"
+                "PostgreSQL needs the postgres extra: pip install 'durable-fenced[postgres]'"
             ) from exc
         store: Store = PostgresStore(url, clock=clock, create=create, pool_size=pool_size)
         return store
