@@ -10,10 +10,13 @@ few transactions may be lost, never half-applied, and the database is never corr
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+import anyio
 
 from .._clock import Clock, WallClock
 from .._errors import SchemaVersionError, StoreError, StoreUnavailableError
@@ -33,7 +36,7 @@ from .._types import (
 )
 from ._base import SCHEMA_VERSION, Store
 from ._sql import load_migrations, load_queries
-from ._thread import DbThread
+from ._thread import DbThread, retry_busy
 
 T = TypeVar("T")
 Q = load_queries("sqlite")
@@ -73,20 +76,15 @@ class SqliteStore(Store):
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
         self._create = create
+        # seconds an open (and a write) waits for other connections that hold the file
+        self._open_wait = max(30.0, busy_timeout)
         self._db: DbThread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _connect(self, busy_timeout: float | None = None) -> sqlite3.Connection:
         busy = self._busy_timeout if busy_timeout is None else busy_timeout
         if self.path != ":memory:":
-            target = Path(self.path)
-            if not self._create and not target.exists():
-                raise StoreUnavailableError(f"no database at {self.path}")
-            if not target.parent.is_dir():
-                raise StoreUnavailableError(
-                    f"cannot open SQLite database {self.path}: folder {target.parent} "
-                    "does not exist"
-                )
+            self._check_path()
         try:
             conn = sqlite3.connect(
                 self.path,
@@ -94,24 +92,56 @@ class SqliteStore(Store):
                 isolation_level=None,
                 check_same_thread=False,
             )
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(busy * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if self.path != ":memory:" and str(mode).lower() != "wal":
-                raise StoreUnavailableError(f"cannot put {self.path} in WAL mode (got {mode})")
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         except sqlite3.DatabaseError as exc:
             raise StoreUnavailableError(
                 f"cannot open SQLite database {self.path}: {exc}"
             ) from exc
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(busy * 1000)}")
+            mode = retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone()[0],
+                              self._open_wait)
+            if self.path != ":memory:" and str(mode).lower() != "wal":
+                raise StoreUnavailableError(f"cannot put {self.path} in WAL mode (got {mode})")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise StoreUnavailableError(
+                    f"cannot open SQLite database {self.path}: {exc}"
+                ) from exc
+            raise
         return conn
+
+    def _check_path(self) -> None:
+        """Say plainly what is wrong with the file's path (SQLite only says "unable to open")."""
+        target = Path(self.path).absolute()
+        where = str(target) if Path(self.path).is_absolute() else (
+            f"{target} (sqlite:///{self.path} is relative to the current folder)")
+        if target.is_dir():
+            raise StoreUnavailableError(
+                f"cannot open SQLite database {where}: it is a folder, not a file; "
+                f"name a file in it, e.g. sqlite:///{target / 'durable.db'}")
+        if not target.exists():
+            if not self._create:
+                raise StoreUnavailableError(
+                    f"no database at {where}; check --db (or DURABLE_DB)")
+            if not target.parent.is_dir():
+                raise StoreUnavailableError(
+                    f"cannot create SQLite database {where}: folder {target.parent} "
+                    "does not exist")
+            if not os.access(target.parent, os.W_OK | os.X_OK):
+                raise StoreUnavailableError(
+                    f"cannot create SQLite database {where}: folder {target.parent} "
+                    "is not writable")
 
     async def open(self) -> None:
         inline = self.path != ":memory:" and self._synchronous in ("OFF", "NORMAL")
-        db = DbThread(self._connect, busy_retry=max(30.0, self._busy_timeout),
+        db = DbThread(self._connect, busy_retry=self._open_wait,
                       connect_inline=(lambda: self._connect(0.0)) if inline else None)
         try:
-            db.start()
+            # in a thread: connecting may wait for another process that creates the file
+            await anyio.to_thread.run_sync(db.start)
         except StoreUnavailableError:
             raise
         except OSError as exc:
@@ -119,7 +149,7 @@ class SqliteStore(Store):
         self._db = db
         try:
             await self._run(self._migrate)
-            db.start_inline()
+            await anyio.to_thread.run_sync(db.start_inline)
         except BaseException:
             await self.aclose()
             raise

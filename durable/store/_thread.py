@@ -93,9 +93,31 @@ CHECKPOINT_EVERY = 500
 """Inline commits between two WAL checkpoints (run by the database thread)."""
 
 
-def _busy(exc: sqlite3.OperationalError) -> bool:
+def _busy(exc: sqlite3.Error) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED (any extended code): another connection holds a lock."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     text = str(exc)
     return "locked" in text or "busy" in text
+
+
+def retry_busy(fn: Callable[[], T], seconds: float) -> T:
+    """``fn()``, tried again while the database is busy, for at most ``seconds``.
+
+    For ``BEGIN IMMEDIATE`` (to wait longer than the connection's busy timeout) and for
+    ``PRAGMA journal_mode = WAL``, for which SQLite never calls its busy handler: while
+    another connection held a lock on a new file, the switch failed at once, and two
+    processes opening a fresh file together failed about one time in fifteen.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)  # only ever in a thread of ours: no event loop waits here
 
 
 class _Miss(Exception):
@@ -279,17 +301,7 @@ class DbThread:
             job.error = exc
 
     def _begin(self, conn: sqlite3.Connection) -> None:
-        deadline = time.monotonic() + self._busy_retry
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.005)  # the database thread backs off; no event loop waits here
+        retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), self._busy_retry)
 
     def _run_writes(self, conn: sqlite3.Connection, jobs: list[_Job[Any]]) -> None:
         try:
