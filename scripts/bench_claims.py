@@ -498,11 +498,11 @@ Backend = SqliteBackend | PostgresBackend
 def default_pool(batch: int) -> int:
     """Pooled PostgreSQL connections per worker process unless ``--pool-size`` is given.
 
-    The worker CLI sizes the pool ``min(concurrency + 3, 40)``: 35 for 32 runs at once,
-    so four processes want 140 connections, more than PostgreSQL's default
-    ``max_connections`` of 100 (the pools' growth then fails with "sorry, too many clients
-    already", for every other client of the server too) and the extra server processes
-    only compete for the CPUs. The store's own default (10) caps it here.
+    The same as the worker CLI gives a worker of that concurrency
+    (``min(concurrency + 3, 10)``, ``durable/_cli.py``): a pool of 35 would make four
+    processes want 140 connections, more than PostgreSQL's default ``max_connections`` of
+    100 (the pools' growth then fails with "sorry, too many clients already", for every
+    other client of the server too); ``--pool-size 35`` measures it.
     """
     return min(batch + 3, POOL_CAP)
 
