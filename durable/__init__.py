@@ -32,6 +32,7 @@ from ._errors import StoreError as StoreError
 from ._errors import StoreUnavailableError as StoreUnavailableError
 from ._errors import UnknownWorkflowError as UnknownWorkflowError
 from ._history import StepView as StepView
+from ._logging import RedactingFilter as RedactingFilter
 from ._logging import configure_logging as configure_logging
 from ._registry import Activity as Activity
 from ._registry import Registry as Registry
@@ -73,6 +74,7 @@ __all__ = [
     "NonRetryableError",
     "NotJsonError",
     "RecoveryReport",
+    "RedactingFilter",
     "Registry",
     "RetryPolicy",
     "Run",

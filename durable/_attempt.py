@@ -101,8 +101,8 @@ class Attempt:
         self._worker_id = worker_id
         self._console_url = console_url
         self._rng = random.Random()
-        self.log = get_logger(workflow_id=run.id, workflow=run.workflow, attempt=run.attempt,
-                              epoch=run.epoch)
+        self.log = get_logger("durable.attempt", workflow_id=run.id, workflow=run.workflow,
+                              attempt=run.attempt, epoch=run.epoch)
 
     # -- lease -----------------------------------------------------------------------------------
     def renewed(self, sent_at: float) -> None:

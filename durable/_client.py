@@ -35,7 +35,7 @@ class Client:
         self.store = store
         self.registry = registry or default_registry
         self.console_url = console_url
-        self.log = get_logger()
+        self.log = get_logger("durable.client")
 
     @classmethod
     @asynccontextmanager

@@ -1,14 +1,30 @@
-"""Structured logging: stable event names, bound run context, never secrets."""
+"""Logging as a library does it: the standard ``logging`` module, structured, never secrets.
+
+The engine logs under the ``durable`` logger (``durable.worker``, ``durable.attempt``,
+``durable.client``), which has a :class:`logging.NullHandler` and no level of its own: an
+application that embeds a client or a worker sees nothing until it configures ``logging``, and
+then sees durable's records wherever its own go.
+
+Every record is structured. Its message is a stable event name (``step_failed``) and its
+fields (the run's ``workflow_id``, ``workflow``, ``attempt``, ``epoch``, a step's ``step``...)
+travel on the record as ``record.event`` and ``record.fields`` (a dict); ``getMessage()``
+renders ``event key=value ...`` so a plain handler shows them. Fields, message and traceback
+are redacted of credentials *before* the record is emitted, whoever handles it; an
+application can put :class:`RedactingFilter` on its own handlers for other loggers' records.
+
+:func:`configure_logging` is the command line's rendering (console or JSON lines on stderr,
+with structlog's renderers): one handler on the ``durable`` logger, nothing global.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
-from typing import Any
-
-import structlog
+import traceback
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import IO, Any
 
 _SECRET_PATTERNS = [
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 [redacted]"),
@@ -20,7 +36,14 @@ _SECRET_PATTERNS = [
      r"\1[redacted]"),
     (re.compile(r"(?i)(://[^:/@\s]+:)[^@/\s]+@"), r"\1[redacted]@"),
 ]
-_SECRET_KEYS = {"authorization", "token", "password", "secret", "api_key", "headers", "cookie"}
+# a field or ``extra`` key that names a credential (``authorization``, ``api_token``,
+# ``client_secret``, ``db_password``...) is blanked whatever its value
+_SECRET_KEY = re.compile(r"(?i)(?:.*_)?(?:authorization|token|password|passwd|secret|api_?key"
+                         r"|headers|cookie|credentials?)")
+_REDACTED = "[redacted]"
+ROOT = "durable"
+
+logging.getLogger(ROOT).addHandler(logging.NullHandler())
 
 
 def redact(text: str) -> str:
@@ -30,40 +53,200 @@ def redact(text: str) -> str:
     return text
 
 
-def _redact_processor(
-    _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
-    for key in list(event_dict):
-        if key.lower() in _SECRET_KEYS:
-            event_dict[key] = "[redacted]"
-        elif isinstance(event_dict[key], str):
-            event_dict[key] = redact(event_dict[key])
-    return event_dict
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        return redact_fields(value)
+    if isinstance(value, list | tuple):
+        return [_redact_value(v) for v in value]
+    return redact(str(value))  # anything else is rendered as text: redact that text
 
 
-def configure_logging(*, json: bool = False, level: str = "info") -> None:
-    """Set up structlog for the worker and CLI: console (default) or JSON lines on stderr."""
-    renderer: Any = (
-        structlog.processors.JSONRenderer()
-        if json
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _redact_processor,
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
-    )
+def redact_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``fields`` with secret-named keys blanked and every text redacted."""
+    return {
+        str(key): _REDACTED if _SECRET_KEY.fullmatch(str(key)) else _redact_value(value)
+        for key, value in fields.items()
+    }
 
 
-def get_logger(**bound: Any) -> Any:
-    return structlog.get_logger("durable").bind(**bound)
+_PLAIN = re.compile(r"[^\s\"'=]+")
+
+
+def _render_value(value: Any) -> str:
+    if isinstance(value, str) and _PLAIN.fullmatch(value):
+        return value
+    return repr(value)
+
+
+def render_message(event: str, fields: Mapping[str, Any]) -> str:
+    """``event key=value ...``: the message a plain ``logging`` handler shows."""
+    return " ".join([event, *(f"{k}={_render_value(v)}" for k, v in fields.items())])
+
+
+def _redacted_traceback(exc_info: Any) -> str:
+    return redact("".join(traceback.format_exception(*exc_info)).rstrip("\n"))
+
+
+class Logger:
+    """A ``logging.Logger`` with bound fields: ``log.bind(step=3).info("step_completed")``.
+
+    Each call emits one record whose message is the event, with the fields (bound, then the
+    call's) redacted on ``record.fields``. A traceback (``exception()``, ``exc_info=True``)
+    is formatted and redacted into ``record.exc_text``; ``record.exc_info`` stays empty, so
+    no handler can render the unredacted exception.
+    """
+
+    __slots__ = ("_bound", "_logger")
+
+    def __init__(self, logger: logging.Logger, bound: Mapping[str, Any]) -> None:
+        self._logger = logger
+        self._bound = dict(bound)
+
+    @property
+    def name(self) -> str:
+        return self._logger.name
+
+    def bind(self, **fields: Any) -> Logger:
+        return Logger(self._logger, {**self._bound, **fields})
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._log(logging.INFO, event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._log(logging.WARNING, event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._log(logging.ERROR, event, fields)
+
+    def critical(self, event: str, **fields: Any) -> None:
+        self._log(logging.CRITICAL, event, fields)
+
+    def exception(self, event: str, **fields: Any) -> None:
+        """``error`` with the exception being handled."""
+        fields.setdefault("exc_info", True)
+        self._log(logging.ERROR, event, fields)
+
+    def _log(self, level: int, event: str, call: dict[str, Any]) -> None:
+        logger = self._logger
+        if not logger.isEnabledFor(level):
+            return
+        exc_info = call.pop("exc_info", None)
+        if exc_info is True:
+            exc_info = sys.exc_info()
+        elif isinstance(exc_info, BaseException):
+            exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+        fields = redact_fields({**self._bound, **call})
+        caller = sys._getframe(2)
+        record = logger.makeRecord(
+            logger.name, level, caller.f_code.co_filename, caller.f_lineno,
+            render_message(redact(event), fields), (), None, caller.f_code.co_name,
+            {"event": event, "fields": fields})
+        if exc_info and exc_info[0] is not None:
+            record.exc_text = _redacted_traceback(exc_info)
+        logger.handle(record)
+
+
+def get_logger(name: str = ROOT, **bound: Any) -> Logger:
+    """The structured logger ``name`` (under ``durable``) with ``bound`` fields."""
+    return Logger(logging.getLogger(name), bound)
+
+
+# standard LogRecord attributes: everything else on a record came from ``extra``
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "event", "fields"}
+
+
+class RedactingFilter(logging.Filter):
+    """Redact credentials from every record a handler (or logger) it is attached to sees.
+
+    The message is rendered (``getMessage()``) and redacted, ``extra`` values and durable's
+    ``record.fields`` are redacted (secret-named keys such as ``authorization`` blanked), and
+    a traceback is formatted and redacted into ``record.exc_text`` (``exc_info`` is cleared).
+    Records are changed in place, so handlers after this one see them redacted too::
+
+        handler.addFilter(durable.RedactingFilter())
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact(record.getMessage())
+        record.args = None
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, Mapping):
+            record.fields = redact_fields(fields)
+        for key, value in list(vars(record).items()):
+            if key in _RECORD_ATTRS:
+                continue
+            if _SECRET_KEY.fullmatch(key):
+                setattr(record, key, _REDACTED)
+            elif isinstance(value, str | Mapping | list | tuple):  # other objects are left
+                setattr(record, key, _redact_value(value))          # as they are
+        if record.exc_info and record.exc_info[0] is not None:
+            record.exc_text = _redacted_traceback(record.exc_info)
+            record.exc_info = None
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+def event_dict(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured view of a record: its fields, ``event``, ``level``, ``timestamp`` (UTC,
+    ISO 8601) and ``exception`` (the redacted traceback) when it has one."""
+    fields = getattr(record, "fields", None)
+    out: dict[str, Any] = dict(fields) if isinstance(fields, Mapping) else {}
+    event = getattr(record, "event", None)
+    out["event"] = event if isinstance(event, str) else record.getMessage()
+    out["level"] = record.levelname.lower()
+    out["timestamp"] = (datetime.fromtimestamp(record.created, tz=UTC)
+                        .isoformat().replace("+00:00", "Z"))
+    if record.exc_text:
+        out["exception"] = record.exc_text
+    return out
+
+
+class StructlogFormatter(logging.Formatter):
+    """Renders a record's :func:`event_dict` with structlog's JSON or console renderer."""
+
+    def __init__(self, *, json: bool = False, colors: bool = False) -> None:
+        super().__init__()
+        import structlog  # only the command line's rendering needs it
+
+        self._renderer: Any = (structlog.processors.JSONRenderer() if json
+                               else structlog.dev.ConsoleRenderer(colors=colors))
+
+    def format(self, record: logging.LogRecord) -> str:
+        rendered = self._renderer(None, record.levelname.lower(), event_dict(record))
+        return str(rendered)
+
+
+class _CliHandler(logging.StreamHandler[IO[str]]):
+    """The handler :func:`configure_logging` installs (and replaces when called again)."""
+
+
+def configure_logging(*, json: bool = False, level: str = "info",
+                      stream: IO[str] | None = None) -> logging.Handler:
+    """Render durable's logs on ``stream`` (stderr): console (coloured on a terminal) or JSON
+    lines, from ``level`` up. Replaces the handler of an earlier call, leaves every other
+    handler alone, and configures nothing outside the ``durable`` logger. Returns the handler.
+    """
+    out = sys.stderr if stream is None else stream
+    number = logging.getLevelNamesMapping()[level.upper()]
+    handler = _CliHandler(out)
+    handler.setLevel(number)
+    handler.setFormatter(StructlogFormatter(json=json, colors=not json and out.isatty()))
+    handler.addFilter(RedactingFilter())
+    logger = logging.getLogger(ROOT)
+    for old in [h for h in logger.handlers if isinstance(h, _CliHandler)]:
+        logger.removeHandler(old)
+        old.close()
+    logger.addHandler(handler)
+    logger.setLevel(number)
+    return handler

@@ -68,7 +68,7 @@ class Worker:
         self._stopping = False
         self._wake = anyio.Event()
         self._changed = anyio.Event()
-        self.log = get_logger(worker=self.worker_id)
+        self.log = get_logger("durable.worker", worker=self.worker_id)
         self.claimed = 0
 
     # -- control -----------------------------------------------------------------------------

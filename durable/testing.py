@@ -10,20 +10,54 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
-from structlog.testing import capture_logs as capture_logs
 
 from ._client import Client
 from ._clock import FakeClock as FakeClock
+from ._logging import ROOT, event_dict
 from ._registry import Registry
 from ._worker import Worker
 
 __all__ = ["FakeClock", "capture_logs", "running_worker", "sqlite_client"]
+
+
+class _Capture(logging.Handler):
+    def __init__(self, into: list[dict[str, Any]]) -> None:
+        super().__init__(logging.DEBUG)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        entry = event_dict(record)
+        entry["log_level"] = entry.pop("level")
+        del entry["timestamp"]
+        entry["logger"] = record.name
+        self.into.append(entry)
+
+
+@contextmanager
+def capture_logs() -> Iterator[list[dict[str, Any]]]:
+    """Collect durable's log records, every level, as they were emitted (redacted), instead of
+    passing them on: ``{"event": "run_completed", "log_level": "info", "logger":
+    "durable.attempt", "workflow_id": ..., ...}`` (plus ``"exception"``, a traceback)."""
+    logger = logging.getLogger(ROOT)
+    entries: list[dict[str, Any]] = []
+    handler = _Capture(entries)
+    saved = logger.level, logger.propagate, logger.handlers
+    logger.handlers = [handler]
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    try:
+        yield entries
+    finally:
+        logger.handlers = saved[2]
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 @asynccontextmanager

@@ -55,6 +55,7 @@ import contextlib
 import datetime as dt
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import re
@@ -64,13 +65,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
-import structlog
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -121,20 +121,15 @@ async def steps_workflow(ctx: Any, n: int, strict: bool) -> int:
 WARNINGS: collections.Counter[str] = collections.Counter()
 
 
-def _count_warnings(_logger: Any, _name: str,
-                    event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def _count_warnings(record: logging.LogRecord) -> bool:
     """Count the engine's warnings (and worse) by event; print only the first few of each."""
-    event = str(event_dict.get("event"))
+    event = str(getattr(record, "event", record.getMessage()))
     WARNINGS[event] += 1
-    if WARNINGS[event] > SHOWN_WARNINGS:
-        raise structlog.DropEvent
-    return event_dict
+    return WARNINGS[event] <= SHOWN_WARNINGS
 
 
 def configure_logging() -> None:
-    durable.configure_logging(level="warning")
-    processors = list(structlog.get_config()["processors"])
-    structlog.configure(processors=[_count_warnings, *processors])
+    durable.configure_logging(level="warning").addFilter(_count_warnings)
 
 
 class _CountingConnection(sqlite3.Connection):

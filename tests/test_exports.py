@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ def test_all_names_exist_and_are_public() -> None:
     public = {n for n in dir(durable) if not n.startswith("_")}
     modules = {"store", "testing", "worker"}
     assert public - modules - set(durable.__all__) == set()
+
+
+def test_logging_surface() -> None:
+    assert issubclass(durable.RedactingFilter, logging.Filter)
 
 
 def test_control_flow_signals_are_base_exceptions() -> None:
