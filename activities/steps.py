@@ -91,8 +91,8 @@ __all__ = [
 Repo = Mapping[str, Any]
 """A repository as journaled: ``{"full_name", "clone_url", "branch"}``."""
 
-READ_RETRY = durable.RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=10)
-DELETE_RETRY = durable.RetryPolicy(max_attempts=4, initial_delay=0.5, max_delay=10)
+READ_RETRY = durable.RetryPolicy(max_tries=3, initial_delay=0.5, max_delay=10)
+DELETE_RETRY = durable.RetryPolicy(max_tries=4, initial_delay=0.5, max_delay=10)
 HTTP_TIMEOUT = 60.0
 TTS_TIMEOUT = 300.0
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -187,7 +187,7 @@ def _gone(outcome: DeleteOutcome) -> str:
 
 
 # -- configuration --------------------------------------------------------------------------
-@durable.activity("config.check", timeout=5, retry=durable.RetryPolicy(max_attempts=1))
+@durable.activity("config.check", timeout=5, retry=durable.RetryPolicy(max_tries=1))
 async def check_config(ctx: durable.ActivityContext, services: list[str]) -> dict[str, str]:
     """Fail the run before it touches anything if a service it needs is not configured."""
     urls = config.check(services)
@@ -387,7 +387,7 @@ async def remote_head(ctx: durable.ActivityContext, repo: Repo) -> str | None:
 
 
 @durable.activity("git.force_push_with_lease",
-                  retry=durable.RetryPolicy(max_attempts=2, non_retryable=(git.GitError,)))
+                  retry=durable.RetryPolicy(max_tries=2, non_retryable=(git.GitError,)))
 async def force_push(ctx: durable.ActivityContext, source: Repo, sha: str, target: Repo,
                      expected_sha: str | None) -> dict[str, Any]:
     """Force-push commit ``sha`` of ``source`` to ``target``'s branch, only if that branch is
@@ -417,7 +417,7 @@ async def force_push(ctx: durable.ActivityContext, source: Repo, sha: str, targe
             "previous": expected_sha}
 
 
-@durable.activity("git.push", retry=durable.RetryPolicy(max_attempts=2,
+@durable.activity("git.push", retry=durable.RetryPolicy(max_tries=2,
                                                         non_retryable=(git.GitError,)))
 async def push(ctx: durable.ActivityContext, source: Repo, sha: str,
                target: Repo) -> dict[str, Any]:
@@ -442,7 +442,7 @@ async def push(ctx: durable.ActivityContext, source: Repo, sha: str,
 
 # -- text to speech -------------------------------------------------------------------------
 @durable.activity("tts.synthesize", timeout=TTS_TIMEOUT,
-                  retry=durable.RetryPolicy(max_attempts=4, initial_delay=1, max_delay=30),
+                  retry=durable.RetryPolicy(max_tries=4, initial_delay=1, max_delay=30),
                   on_doubt="retry")
 async def synthesize(ctx: durable.ActivityContext, job: str, item: int, voice: str,
                      text: str) -> dict[str, Any]:
@@ -463,7 +463,7 @@ async def synthesize(ctx: durable.ActivityContext, job: str, item: int, voice: s
     path = folder / f"{item:04d}.mp3"
     await _write_atomically(path, speech.audio)
     ctx.annotate(f"item {item}: {len(speech.audio)} bytes"
-                 + (" (answered from the idempotency record: not billed again)"
+                 + (" (not billed again: answered from the idempotency record)"
                     if speech.replayed else ""))
     return {"item": item, "path": str(path), "bytes": len(speech.audio),
             "sha256": hashlib.sha256(speech.audio).hexdigest(), "replayed": speech.replayed}
@@ -487,7 +487,7 @@ def _delivery_unknown(exc: ServiceError) -> bool:
 
 
 @durable.activity("notify.send", timeout=HTTP_TIMEOUT,
-                  retry=durable.RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=10),
+                  retry=durable.RetryPolicy(max_tries=3, initial_delay=0.5, max_delay=10),
                   on_doubt="fail")
 async def notify(ctx: durable.ActivityContext, message: dict[str, Any]) -> dict[str, str]:
     """Post ``message`` to the configured hook (``DURABLE_NOTIFY_HOOK``).

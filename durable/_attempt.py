@@ -27,7 +27,7 @@ from ._errors import (
     StepInDoubtError,
     StoreError,
 )
-from ._history import History, StepView
+from ._history import History, StepView, tries
 from ._logging import get_logger, redact
 from ._types import JSON, EntryKind, Fence, JournalWrite, Run, RunState, StepState, dumps
 
@@ -252,7 +252,7 @@ class Attempt:
     def _doubt_entries(self, reason: str) -> list[JournalWrite]:
         return [
             JournalWrite(EntryKind.STEP_IN_DOUBT, step.number, step.key, step.name,
-                         step.attempts, {"reason": reason})
+                         step.tries, {"reason": reason})
             for step in self.in_flight.values()
         ]
 
@@ -384,7 +384,7 @@ class Attempt:
             # an earlier attempt journaled this step's failure: the workflow sees the same
             # failure again (only a replay runs a failed step again)
             raise ActivityError(
-                f"step {view.number} ({act.name}) failed after {view.attempts} attempt(s): "
+                f"step {view.number} ({act.name}) failed after {tries(view.tries)}: "
                 f"{view.error}",
                 step=view.number, activity=act.name, error_type=view.error_type or "Exception")
         log = self.log.bind(step=view.number, step_key=view.key, activity=act.name)
@@ -393,7 +393,7 @@ class Attempt:
         if in_doubt:
             if view.state is StepState.STARTED:
                 await self.write([JournalWrite(
-                    EntryKind.STEP_IN_DOUBT, view.number, view.key, act.name, view.attempts,
+                    EntryKind.STEP_IN_DOUBT, view.number, view.key, act.name, view.tries,
                     {"reason": f"started by an earlier attempt (epoch {view.epoch}) with no "
                                "recorded outcome"})])
                 view.state = StepState.IN_DOUBT
@@ -407,16 +407,16 @@ class Attempt:
                 self.doom = err
                 raise err
         idem = f"{self.run.id}/{view.key}" + (f"~{view.reruns}" if view.reruns else "")
-        first = view.attempts + 1
-        for i in range(act.retry.max_attempts):
+        first = view.tries + 1
+        for i in range(act.retry.max_tries):
             number = first + i
             ctx = ActivityContext(self, step=view.number, step_key=view.key,
                                   try_number=number, idempotency_key=idem)
             await self.write([JournalWrite(EntryKind.STEP_STARTED, view.number, view.key,
                                            act.name, number, {"args": list(args)})])
-            view.state, view.epoch, view.attempts = StepState.STARTED, self.fence.epoch, number
+            view.state, view.epoch, view.tries = StepState.STARTED, self.fence.epoch, number
             self.in_flight[view.key] = view
-            log.debug("step_started", try_number=number)
+            log.debug("step_started", **{"try": number})
             try:
                 if act.timeout is None:
                     result = await act.fn(ctx, *args)
@@ -430,7 +430,7 @@ class Attempt:
                 message = describe(exc)
                 if isinstance(exc, TimeoutError) and act.timeout is not None:
                     message = f"timed out after {act.timeout:g} s (the call in flight was aborted)"
-                retry = act.retry.retryable(exc) and i + 1 < act.retry.max_attempts
+                retry = act.retry.retryable(exc) and i + 1 < act.retry.max_tries
                 data: dict[str, JSON] = {"error": message, "error_type": type(exc).__name__,
                                          "summary": ctx.summary}
                 if retry:
@@ -439,17 +439,17 @@ class Attempt:
                     await self.write([JournalWrite(EntryKind.STEP_RETRYING, view.number,
                                                    view.key, act.name, number, data)])
                     del self.in_flight[view.key]
-                    log.info("step_retrying", try_number=number, error=message, delay=delay)
+                    log.info("step_retrying", **{"try": number}, error=message, delay=delay)
                     await anyio.sleep(delay)
                     continue
                 await self.write([JournalWrite(EntryKind.STEP_FAILED, view.number, view.key,
                                                act.name, number, data)])
                 del self.in_flight[view.key]
                 view.state, view.error = StepState.FAILED, message
-                log.warning("step_failed", try_number=number, error=message)
+                log.warning("step_failed", **{"try": number}, error=message)
                 raise ActivityError(
-                    f"step {view.number} ({act.name}) failed after {number - first + 1} "
-                    f"attempt(s): {message}",
+                    f"step {view.number} ({act.name}) failed after "
+                    f"{tries(number - first + 1)}: {message}",
                     step=view.number, activity=act.name, error_type=type(exc).__name__,
                 ) from exc
             done = JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key, act.name,
@@ -463,6 +463,6 @@ class Attempt:
                 await self.write([done])
             del self.in_flight[view.key]
             view.state, view.result = StepState.COMPLETED, result
-            log.debug("step_completed", try_number=number)
+            log.debug("step_completed", **{"try": number})
             return result
         raise AssertionError("unreachable")  # pragma: no cover

@@ -20,7 +20,15 @@ from ._client import Client, InDoubt
 from ._errors import ConfigError, DurableError
 from ._logging import configure_logging
 from ._registry import default_registry
-from ._report import RecoveryReport, render_timeline, timeline_rows
+from ._report import (
+    RecoveryReport,
+    clip,
+    one_line,
+    render_timeline,
+    terminal_width,
+    timeline_rows,
+    use_color,
+)
 from ._types import JournalEntry, Run
 from ._version import __version__
 from ._worker import Worker
@@ -111,10 +119,10 @@ async def _cmd_list(args: argparse.Namespace) -> int:
     if not runs:
         print("no runs")
         return 0
-    print(f"{'id':<36} {'workflow':<20} {'key':<16} {'state':<10} {'try':>3}  error")
+    print(f"{'id':<36} {'workflow':<20} {'key':<16} {'state':<10} {'attempt':>7}  error")
     for r in runs:
         print(f"{r.id:<36} {r.workflow:<20} {(r.key or '-'):<16} {r.state.value:<10} "
-              f"{r.attempt:>3}  {(r.error or '')[:60]}")
+              f"{r.attempt:>7}  {clip(one_line(r.error or ''), 60)}")
     return 0
 
 
@@ -133,7 +141,9 @@ async def _cmd_show(args: argparse.Namespace) -> int:
             "report": report.as_dict(),
         }, indent=2))
         return 0
-    print(render_timeline(run, entries, step=args.step, console_url=args.console_url))
+    print(render_timeline(run, entries, step=args.step, console_url=args.console_url,
+                          width=terminal_width(sys.stdout),
+                          color=use_color(sys.stdout, args.color)))
     return 0
 
 
@@ -251,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("--step", type=int, help="only this step")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the states: auto = on a terminal unless NO_COLOR is set "
+                        "(default: auto)")
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("cancel", help="cancel a queued, delayed or running run")

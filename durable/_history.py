@@ -9,6 +9,11 @@ import attrs
 from ._types import JSON, EntryKind, JournalEntry, StepState
 
 
+def tries(count: int) -> str:
+    """``1 try``, ``2 tries``: how often a step was executed (a run's claims are attempts)."""
+    return "1 try" if count == 1 else f"{count} tries"
+
+
 @attrs.define
 class StepView:
     """What the journal says of one step."""
@@ -18,7 +23,8 @@ class StepView:
     name: str
     state: StepState | None = None
     """None: not (or no longer, after a replay) done; to run."""
-    attempts: int = 0
+    tries: int = 0
+    """How many times the step was executed (its last try's number, counted across attempts)."""
     epoch: int = 0
     result: JSON = None
     error: str | None = None
@@ -80,7 +86,7 @@ class History:
         step.epoch = entry.epoch
         if kind is EntryKind.STEP_STARTED:
             step.state = StepState.STARTED
-            step.attempts = max(step.attempts, entry.attempt or 1)
+            step.tries = max(step.tries, entry.try_number or 1)
             step.started_at = entry.at
             step.ended_at = None
             step.error = None

@@ -22,13 +22,15 @@ OnDoubt = Literal["retry", "fail"]
 class RetryPolicy:
     """How an activity's step is retried: exponential backoff with jitter and a cap.
 
-    ``max_attempts`` counts the first try. An exception of a type in ``non_retryable`` (or
+    ``max_tries`` counts the first try: ``max_tries=3`` executes the step at most three times
+    within one attempt of the run. (Tries are a step's executions; attempts are a run's
+    claims.) An exception of a type in ``non_retryable`` (or
     any :class:`durable.NonRetryableError`) fails the step at once. A 429/503 answer's
     ``Retry-After`` (an ``httpx.HTTPStatusError`` or any exception with a ``retry_after``
     attribute in seconds) is honoured, up to ``max_delay``.
     """
 
-    max_attempts: int = 3
+    max_tries: int = 3
     initial_delay: float = 0.5
     backoff: float = 2.0
     max_delay: float = 30.0
@@ -36,8 +38,8 @@ class RetryPolicy:
     non_retryable: tuple[type[BaseException], ...] = ()
 
     def __attrs_post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigError("RetryPolicy.max_attempts must be at least 1")
+        if self.max_tries < 1:
+            raise ConfigError("RetryPolicy.max_tries must be at least 1")
         if self.initial_delay < 0 or self.max_delay < 0 or self.backoff < 1:
             raise ConfigError("RetryPolicy delays must be >= 0 and backoff >= 1")
         if not 0 <= self.jitter <= 1:
@@ -48,18 +50,18 @@ class RetryPolicy:
             return False
         return not isinstance(exc, self.non_retryable)
 
-    def delay(self, attempt: int, exc: BaseException | None = None,
+    def delay(self, try_number: int, exc: BaseException | None = None,
               rng: random.Random | None = None) -> float:
-        """Seconds to wait after failed try number ``attempt`` (1-based)."""
+        """Seconds to wait after failed try number ``try_number`` (1-based)."""
         retry_after = retry_after_of(exc) if exc is not None else None
         if retry_after is not None:
             return min(max(retry_after, 0.0), self.max_delay)
-        base = min(self.initial_delay * self.backoff ** (attempt - 1), self.max_delay)
+        base = min(self.initial_delay * self.backoff ** (try_number - 1), self.max_delay)
         spread = base * self.jitter
         return max(0.0, base + (rng or random).uniform(-spread, spread))
 
 
-NO_RETRY = RetryPolicy(max_attempts=1)
+NO_RETRY = RetryPolicy(max_tries=1)
 
 
 def retry_after_of(exc: BaseException) -> float | None:

@@ -1,15 +1,35 @@
-"""Messages about a run, derived from its journal: the recovery report and the timeline."""
+"""Messages about a run, derived from its journal: the recovery report and the timeline.
+
+Terms, used the same way in the CLI, the JSON, the docs and the logs: a run's **attempt** is
+one claim of it (``Run.attempt``; the claim's fencing token is its epoch); a step's **try**
+is one execution of the step (``ActivityContext.try_number``, ``RetryPolicy.max_tries``),
+numbered across the run's attempts.
+
+The timeline (``python -m durable show ID``) is one line per entry, every line at most
+``width`` characters (an ellipsis marks a cut; ``show ID --step N`` and ``show ID --json``
+carry the full text). Times are UTC. Colour is used only when asked for (:func:`use_color`:
+a terminal, ``NO_COLOR`` unset), so piped output is plain and the same on every machine.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import re
+import shutil
+import unicodedata
 from collections.abc import Sequence
+from typing import IO, Any
 
 import attrs
 
-from ._history import History, StepView
+from ._history import History, StepView, tries
 from ._types import JSON, EntryKind, JournalEntry, Run, RunState, StepState
+
+DEFAULT_WIDTH = 100
+"""The width of piped output (and of a terminal whose size cannot be read)."""
+MIN_WIDTH = 40
 
 
 def step_link(run_id: str, number: int, console_url: str | None) -> str:
@@ -20,16 +40,25 @@ def step_link(run_id: str, number: int, console_url: str | None) -> str:
     return command
 
 
+def _current_epoch(run: Run) -> int:
+    """Steps started under an epoch below this one belong to an attempt that is over."""
+    return run.epoch if run.state is RunState.RUNNING else run.epoch + 1
+
+
+# -- the recovery report -----------------------------------------------------------------------
 @attrs.frozen
 class StepLine:
     number: int
     key: str
     activity: str
     state: str
-    attempts: int
+    tries: int
     summary: JSON
     error: str | None
     link: str
+    accepted: bool = False
+    """Counted as done by an operator (``replay --accept-in-doubt``), not by a journaled
+    outcome."""
 
 
 @attrs.frozen
@@ -50,11 +79,12 @@ class RecoveryReport:
     def build(cls, run: Run, entries: Sequence[JournalEntry],
               console_url: str | None = None) -> RecoveryReport:
         history = History.fold(entries)
-        current = run.epoch if run.state is RunState.RUNNING else run.epoch + 1
+        current = _current_epoch(run)
 
         def line(step: StepView, state: str) -> StepLine:
-            return StepLine(step.number, step.key, step.name, state, step.attempts,
-                            step.summary, step.error, step_link(run.id, step.number, console_url))
+            return StepLine(step.number, step.key, step.name, state, step.tries,
+                            step.summary, step.error, step_link(run.id, step.number, console_url),
+                            accepted=step.accepted)
 
         failed, completed, doubt, not_done = [], [], [], []
         for step in history.ordered():
@@ -80,19 +110,22 @@ class RecoveryReport:
         return attrs.asdict(self)
 
     def text(self) -> str:
-        """A plain-text report: what failed, what is already done, what to check."""
+        """A self-contained plain-text report (state reasons, notifications): what failed,
+        what is already done, what to check. Each error is on one line, in full."""
         phrase = {"queued": "is queued", "running": "is running", "completed": "completed",
                   "failed": "failed", "cancelled": "was cancelled"}.get(self.state, self.state)
         out = [f"Run {self.run_id} ({self.workflow}) {phrase}."]
-        if self.error:
-            out.append(f"Error: {self.error}")
+        if self.error and not self.failed:
+            out.append(f"Error: {one_line(self.error)}")
         for s in self.failed:
-            out.append(f"Failed: step {s.number} {s.activity}: {s.error}  -> {s.link}")
+            out.append(f"Failed: step {s.number} {s.activity} after {tries(s.tries)}: "
+                       f"{one_line(s.error or '')}  -> {s.link}")
         if self.completed:
             out.append("Already done (will not be repeated):")
             for s in self.completed:
-                what = f" - {_short(s.summary)}" if s.summary is not None else ""
-                out.append(f"  step {s.number} {s.activity}{what}  -> {s.link}")
+                what = f" - {one_line(_short(s.summary))}" if s.summary is not None else ""
+                how = " (accepted by operator)" if s.accepted else ""
+                out.append(f"  step {s.number} {s.activity}{what}{how}  -> {s.link}")
         else:
             out.append("Already done: nothing.")
         if self.in_doubt:
@@ -107,104 +140,465 @@ def _short(value: JSON) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
-def _time(ts: float | None) -> str:
+# -- text helpers --------------------------------------------------------------------------------
+_SPACE = re.compile(r"\s+")
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: runs of whitespace (newlines too) become one space, and control
+    characters (a terminal escape in a server's message) are dropped."""
+    text = _SPACE.sub(" ", text).strip()
+    return "".join(c for c in text if unicodedata.category(c) != "Cc")
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, an ellipsis marking the cut."""
+    if len(text) <= width:
+        return text
+    return text[: max(width - 1, 0)] + "…" if width > 0 else ""
+
+
+def utc(ts: float | None) -> str:
+    """``2026-12-01 09:27:05.809 UTC``."""
     if ts is None:
         return "-"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return _datetime(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-def _duration(start: float | None, end: float | None) -> str:
-    if start is None or end is None:
-        return "-"
-    seconds = end - start
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+def _datetime(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, dt.UTC)
+
+
+def _clock(ts: float) -> str:
+    return _datetime(ts).strftime("%H:%M:%S.%f")[:-3]
+
+
+def duration(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# -- terminal ------------------------------------------------------------------------------------
+def _isatty(stream: IO[Any]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def terminal_width(stream: IO[Any]) -> int:
+    """The width to render for: the terminal's (or ``$COLUMNS``) on a tty; piped, always
+    :data:`DEFAULT_WIDTH`, so the output does not depend on where it was produced."""
+    if not _isatty(stream):
+        return DEFAULT_WIDTH
+    return max(shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns, MIN_WIDTH)
+
+
+def use_color(stream: IO[Any], mode: str = "auto") -> bool:
+    """Whether to colour: ``always`` / ``never``; ``auto`` colours a terminal unless
+    ``NO_COLOR`` is set (https://no-color.org) or ``TERM=dumb``; ``FORCE_COLOR`` forces it."""
+    if mode in ("always", "never"):
+        return mode == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return _isatty(stream) and os.environ.get("TERM") != "dumb"
+
+
+_SGR = {"completed": "32", "accepted": "32", "failed": "31", "error": "31",
+        "retrying": "33", "cancelled": "33", "in_doubt": "35;1", "started": "36",
+        "running": "36", "queued": "36", "dim": "2", "bold": "1"}
+
+Segment = tuple[str, str | None]
+"""A piece of a line and its style (a key of the colour table, or None)."""
+
+
+def _fit(segments: Sequence[Segment], width: int, color: bool) -> str:
+    """Join the segments into one line of at most ``width`` characters, then colour them."""
+    kept: list[Segment] = []
+    used = 0
+    for text, style in segments:
+        room = width - used
+        if room <= 0:
+            break
+        if len(text) > room:
+            text = clip(text.rstrip(), room)
+        kept.append((text, style))
+        used += len(text)
+    while kept and not kept[-1][0].strip():
+        kept.pop()
+    if kept:
+        kept[-1] = (kept[-1][0].rstrip(), kept[-1][1])
+    return "".join(
+        f"\x1b[{_SGR[style]}m{text}\x1b[0m" if color and style and text.strip() else text
+        for text, style in kept)
+
+
+# -- the timeline rows (also the "steps" of show --json) -------------------------------------
+_OUTCOME = {
+    EntryKind.STEP_COMPLETED: "completed",
+    EntryKind.VALUE: "completed",
+    EntryKind.STEP_FAILED: "failed",
+    EntryKind.STEP_RETRYING: "retrying",
+    EntryKind.STEP_IN_DOUBT: "in_doubt",
+}
 
 
 def timeline_rows(run: Run, entries: Sequence[JournalEntry]) -> list[dict[str, JSON]]:
-    """One row per step try and per run event, in journal order."""
+    """One row per run event and per step try, in journal order (the JSON of ``show``).
+
+    A step row: ``step``, ``key``, ``activity``, ``try``, ``epoch`` (of the attempt that
+    ran it), ``state`` (``started``, ``completed``, ``retrying``, ``failed``, ``in_doubt``,
+    ``accepted``), ``start`` / ``end`` (epoch seconds), ``took`` (seconds, or None where no
+    duration is known: a value, a try in doubt), ``summary``, ``error`` and ``note``. An
+    event row: ``event``, ``at``, ``epoch``, ``attempt`` (``run_claimed``) and ``detail``.
+    """
+    current = _current_epoch(run)
     rows: list[dict[str, JSON]] = []
     open_tries: dict[tuple[str, int], dict[str, JSON]] = {}
+    history = History()
     for e in entries:
         if e.step is None:
-            rows.append({"seq": e.seq, "event": e.kind.value, "at": e.at, "epoch": e.epoch,
-                         "detail": dict(e.data)})
+            before = {key: step.state for key, step in history.steps.items()}
+            history.apply(e)
+            event: dict[str, JSON] = {"seq": e.seq, "event": e.kind.value, "at": e.at,
+                                      "epoch": e.epoch}
+            if e.attempt is not None:
+                event["attempt"] = e.attempt
+            event["detail"] = dict(e.data)
+            rows.append(event)
+            if e.kind is EntryKind.RUN_REPLAYED:
+                rows.extend(_accepted_rows(e, history, before, open_tries))
             continue
-        key = (e.step_key or "", e.attempt or 1)
+        history.apply(e)
+        key = (e.step_key or "", e.try_number or 1)
         if e.kind is EntryKind.STEP_STARTED:
-            row: dict[str, JSON] = {"seq": e.seq, "step": e.step, "key": e.step_key,
-                                    "activity": e.name, "state": "started",
-                                    "attempt": e.attempt, "epoch": e.epoch, "start": e.at,
-                                    "end": None, "error": None, "summary": None}
+            row = _step_row(e, "started")
+            row["start"] = e.at
             open_tries[key] = row
             rows.append(row)
             continue
-        row = open_tries.pop(key) if key in open_tries else {}
-        if not row:
-            row = {"seq": e.seq, "step": e.step, "key": e.step_key, "activity": e.name,
-                   "attempt": e.attempt, "epoch": e.epoch, "start": e.at, "end": None,
-                   "error": None, "summary": None}
+        opened = open_tries.pop(key, None)
+        row = opened if opened is not None else _step_row(e, _OUTCOME[e.kind])
+        if opened is None:
             rows.append(row)
-        state = {
-            EntryKind.STEP_COMPLETED: "completed",
-            EntryKind.VALUE: "completed",
-            EntryKind.STEP_FAILED: "failed",
-            EntryKind.STEP_RETRYING: "failed (retrying)",
-            EntryKind.STEP_IN_DOUBT: "in_doubt",
-        }[e.kind]
-        row["state"] = state
+        row["state"] = _OUTCOME[e.kind]
+        if e.kind is EntryKind.STEP_IN_DOUBT:
+            row["note"] = e.data.get("reason") or "outcome unknown"
+            row["noticed_at"] = e.at
+            continue
         row["end"] = e.data.get("ended_at", e.at)
-        row["error"] = e.data.get("error") or e.data.get("reason")
+        if isinstance(row["start"], float) and isinstance(row["end"], float):
+            row["took"] = round(row["end"] - row["start"], 6)
+        row["error"] = e.data.get("error")
+        row["error_type"] = e.data.get("error_type")
         row["summary"] = e.data.get("summary")
-        if e.data.get("accepted"):
-            row["state"] = "completed (accepted by operator)"
+        if "retry_in" in e.data:
+            row["retry_in"] = e.data["retry_in"]
+    for row in open_tries.values():
+        epoch = row["epoch"]
+        if isinstance(epoch, int) and epoch < current:
+            row["state"] = "in_doubt"
+            row["note"] = "its attempt ended with no outcome recorded"
     return rows
 
 
+def _step_row(e: JournalEntry, state: str) -> dict[str, JSON]:
+    return {"seq": e.seq, "step": e.step, "key": e.step_key, "activity": e.name,
+            "try": e.try_number, "epoch": e.epoch, "state": state, "start": None,
+            "end": None, "took": None, "summary": None, "error": None, "note": None}
+
+
+def _accepted_rows(e: JournalEntry, history: History, before: dict[str, StepState | None],
+                   open_tries: dict[tuple[str, int], dict[str, JSON]]) -> list[dict[str, JSON]]:
+    """The steps a replay with ``in_doubt="accept"`` counted as done, each its own row."""
+    rows: list[dict[str, JSON]] = []
+    for step in history.ordered():
+        if not step.accepted or before.get(step.key) not in (StepState.STARTED,
+                                                               StepState.IN_DOUBT):
+            continue
+        opened = open_tries.pop((step.key, step.tries), None)
+        if opened is not None and opened["state"] == "started":
+            opened["state"] = "in_doubt"
+            opened["note"] = "its attempt ended with no outcome recorded"
+        rows.append({"seq": e.seq, "step": step.number, "key": step.key,
+                     "activity": step.name, "try": step.tries, "epoch": e.epoch,
+                     "state": "accepted", "start": e.at, "end": None, "took": None,
+                     "summary": None, "error": None,
+                     "note": "accepted by operator (replay --accept-in-doubt)",
+                     "accepted_by": "operator"})
+    return rows
+
+
+# -- rendering -----------------------------------------------------------------------------------
 def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
-                    step: int | None = None, console_url: str | None = None) -> str:
-    """The human-readable ``show`` output: the run, then its journal as a timeline."""
-    lines = [
-        f"run       {run.id}",
-        f"workflow  {run.workflow}    key: {run.key or '-'}",
-        f"state     {run.state.value}    attempt: {run.attempt}    epoch: {run.epoch}",
-        f"args      {json.dumps(run.args)}",
-        f"created   {_time(run.created_at)}    run_at: {_time(run.run_at)}",
-    ]
-    if run.state is RunState.RUNNING:
-        lines.append(f"worker    {run.worker}    lease until {_time(run.lease_expires_at)}")
-    if run.state is RunState.COMPLETED:
-        lines.append(f"result    {json.dumps(run.result)}")
-    if run.error:
-        lines.append(f"error     {run.error}")
-    lines.append("")
-    lines.append(f"{'step':>4}  {'activity':<28} {'state':<18} {'try':>3} {'start':<23} "
-                 f"{'took':>8}  error")
-    for row in timeline_rows(run, entries):
-        if "event" in row:
-            if step is None:
-                detail = row["detail"]
-                extra = ""
-                if isinstance(detail, dict) and detail:
-                    extra = "  " + ", ".join(f"{k}={v}" for k, v in detail.items()
-                                             if k not in ("args",) and v is not None)
-                lines.append(f"{'':>4}  {'· ' + str(row['event']):<28} {'':<18} {'':>3} "
-                             f"{_time(row['at']):<23}{extra}")
-            continue
-        if step is not None and row["step"] != step:
-            continue
-        start = row["start"] if isinstance(row["start"], float) else None
-        end = row["end"] if isinstance(row["end"], float) else None
-        err = row.get("error") or ""
-        summary = row.get("summary")
-        if summary is not None and not err:
-            err = f"({_short(summary)})"
-        lines.append(
-            f"{row['step']!s:>4}  {str(row['activity'])[:28]:<28} {row['state']!s:<18} "
-            f"{row['attempt']!s:>3} {_time(start):<23} {_duration(start, end):>8}  {err}"
-        )
-    if step is None:
+                    step: int | None = None, console_url: str | None = None,
+                    width: int = DEFAULT_WIDTH, color: bool = False) -> str:
+    """The human-readable ``show`` output: the run, its journal as a timeline, what to do.
+
+    ``step=N`` shows that step's tries in full instead (arguments, result, the whole error).
+    Every line of the timeline is at most ``width`` characters; ``color`` adds ANSI colours
+    for states (see :func:`terminal_width` and :func:`use_color` for a terminal's).
+    """
+    width = max(width, MIN_WIDTH)
+    rows = timeline_rows(run, entries)
+    view = _View(width, color)
+    view.header(run, rows)
+    if step is not None:
+        view.step_detail(run, entries, rows, step)
+    else:
+        view.timeline(run, rows)
         report = RecoveryReport.build(run, entries, console_url)
         if run.state in (RunState.FAILED, RunState.CANCELLED) or report.in_doubt:
-            lines.append("")
-            lines.append(report.text())
-    return "\n".join(lines)
+            view.next_steps(run, report, console_url)
+    return "\n".join(view.lines)
+
+
+class _View:
+    """Lines being rendered, each fitted to the width."""
+
+    TIME, STEP, TRY, TOOK, STATE = 12, 4, 3, 7, 9
+
+    def __init__(self, width: int, color: bool) -> None:
+        self.width = width
+        self.color = color
+        self.lines: list[str] = []
+
+    def add(self, *segments: Segment) -> None:
+        self.lines.append(_fit(segments, self.width, self.color))
+
+    def field(self, label: str, *segments: Segment) -> None:
+        self.add((f"{label:<10}", "dim"), *segments)
+
+    # -- the run -----------------------------------------------------------------------------
+    def header(self, run: Run, rows: list[dict[str, JSON]]) -> None:
+        self.field("run", (run.id, "bold"))
+        self.field("workflow", (run.workflow, None), (f"    key {run.key or '-'}", None))
+        claims = (f"attempt {run.attempt} (epoch {run.epoch})" if run.attempt
+                  else "not claimed yet")
+        self.field("state", (run.state.value, run.state.value), (f"    {claims}", None))
+        self.field("args", (one_line(json.dumps(run.args)), None))
+        self.field("created", (utc(run.created_at), None))
+        if run.state is RunState.QUEUED:
+            self.field("due", (utc(run.run_at), None))
+        elif run.state.finished:
+            self.field("finished", (utc(run.updated_at), None))
+        if run.state is RunState.RUNNING:
+            self.field("worker", (f"{run.worker}    lease until {utc(run.lease_expires_at)}",
+                                  None))
+        if run.state is RunState.COMPLETED:
+            self.field("result", (one_line(json.dumps(run.result)), None))
+        if run.error:
+            self.field("error", (_refer_to_steps(run.error, rows), "error"))
+
+    # -- the journal -------------------------------------------------------------------------
+    def timeline(self, run: Run, rows: list[dict[str, JSON]]) -> None:
+        steps = [r for r in rows if "event" not in r]
+        names = [len(str(r["activity"])) for r in steps] or [8]
+        fixed = self.TIME + 2 + self.STEP + 2 + 1 + self.STATE + 1 + self.TRY + 1 + self.TOOK + 2
+        self.act = min(max(max(names), 8), 24, max(self.width - fixed - 14, 8))
+        self.add(("", None))
+        self.add((f"{'time UTC':<{self.TIME}}  {'step':>{self.STEP}}  {'activity':<{self.act}} "
+                  f"{'state':<{self.STATE}} {'try':>{self.TRY}} {'took':>{self.TOOK}}  summary",
+                  "dim"))
+        date = None
+        shown_errors: dict[object, tuple[str, object]] = {}
+        for row in rows:
+            at = row["at"] if "event" in row else (
+                row["start"] or row.get("noticed_at") or row["end"])
+            if isinstance(at, float) and _datetime(at).date() != date:
+                date = _datetime(at).date()
+                self.add((date.isoformat(), "bold"))
+            clock = _clock(at) if isinstance(at, float) else "-"
+            if "event" in row:
+                self.add((f"{clock:<{self.TIME}}  {'':>{self.STEP}}  ", "dim"),
+                         (f"· {_event_phrase(row)}", "dim"))
+                continue
+            self._step_row(run, row, clock, shown_errors)
+
+    def _step_row(self, run: Run, row: dict[str, JSON], clock: str,
+                  shown_errors: dict[object, tuple[str, object]]) -> None:
+        state = str(row["state"])
+        took = row["took"]
+        took_text = duration(took) if isinstance(took, float) else ""
+        if state == "in_doubt":
+            took_text = "unknown"
+        text = _row_text(run, row)
+        activity = clip(str(row["activity"]), self.act)
+        self.add((f"{clock:<{self.TIME}}  {row['step']!s:>{self.STEP}}  "
+                  f"{activity:<{self.act}} ", None),
+                 (f"{state:<{self.STATE}}", state),
+                 (f" {row['try'] or '':>{self.TRY}} {took_text:>{self.TOOK}}  ", None),
+                 (text, None))
+        error = row.get("error")
+        if isinstance(error, str) and error:
+            message = one_line(error)
+            earlier = shown_errors.get(row["key"])
+            if earlier is not None and earlier[0] == message:
+                message = f"same as try {earlier[1]}"
+            else:
+                shown_errors[row["key"]] = (message, row["try"])
+            indent = " " * (self.TIME + 2 + self.STEP + 2)
+            self.add((indent, None), ("error: ", "error"), (message, "error"))
+
+    # -- what to do next ---------------------------------------------------------------------
+    def next_steps(self, run: Run, report: RecoveryReport, console_url: str | None) -> None:
+        self.add(("", None))
+        self.add(("next", "bold"))
+        done = [s.number for s in report.completed]
+        self.add(("  done (not repeated by a replay): ", None),
+                 (_numbers(done) if done else "nothing", None))
+        links: list[int] = []
+        for s in report.failed:
+            self.add(("  failed: ", "failed"),
+                     (f"step {s.number} {s.activity} after {tries(s.tries)}, error above",
+                      None))
+            links.append(s.number)
+        for s in report.in_doubt:
+            self.add(("  in doubt: ", "in_doubt"),
+                     (f"step {s.number} {s.activity}: check whether it took effect before "
+                      "replaying", None))
+            links.append(s.number)
+        if run.state in (RunState.FAILED, RunState.CANCELLED):
+            options = "  [--rerun-in-doubt | --accept-in-doubt]" if report.in_doubt else ""
+            self.add(("  replay: ", None), (f"python -m durable replay {run.id}{options}", None))
+        for number in links:
+            command, _, url = step_link(run.id, number, console_url).partition("  |  ")
+            self.add(("  detail: ", None), (command, None))
+            if url:
+                self.add(("          ", None), (url, None))
+
+    # -- show --step N -----------------------------------------------------------------------
+    def step_detail(self, run: Run, entries: Sequence[JournalEntry],
+                    rows: list[dict[str, JSON]], number: int) -> None:
+        """Every try of one step in full: nothing here is cut to the width."""
+        self.add(("", None))
+        mine = [r for r in rows if "event" not in r and r["step"] == number]
+        if not mine:
+            self.add((f"run {run.id} has no step {number}", None))
+            return
+        first = mine[0]
+        self.lines.append(f"step {number}  {first['activity']}  (key {first['key']})")
+        args = {e.try_number: e.data.get("args") for e in entries
+                if e.step == number and e.kind is EntryKind.STEP_STARTED}
+        results = {e.try_number: e.data.get("result") for e in entries
+                   if e.step == number and e.kind in (EntryKind.STEP_COMPLETED, EntryKind.VALUE)}
+        for row in mine:
+            state = str(row["state"])
+            painted = f"\x1b[{_SGR[state]}m{state}\x1b[0m" if self.color else state
+            when = row["start"] if isinstance(row["start"], float) else row.get("noticed_at")
+            took = row["took"]
+            line = f"try {row['try'] or '-'}  {painted}"
+            if isinstance(when, float):
+                line += f"  {utc(when)}"
+            if isinstance(took, float):
+                line += f"  took {duration(took)}"
+            elif state == "in_doubt":
+                line += "  took unknown"
+            self.lines.append(line)
+            details: list[tuple[str, str]] = []
+            if row["try"] in args:
+                details.append(("args", json.dumps(args[row["try"]])))
+            if state in ("completed",) and row["try"] in results:
+                details.append(("result", json.dumps(results[row["try"]])))
+            if row["summary"] is not None:
+                details.append(("summary", _short(row["summary"])))
+            if row.get("retry_in") is not None:
+                details.append(("retry in", duration(float(str(row["retry_in"])))))
+            if row["error"]:
+                details.append(("error", str(row["error"])))
+            if row["note"]:
+                details.append(("note", str(row["note"])))
+            for label, value in details:
+                head = f"    {label:<9}"
+                for i, part in enumerate(value.splitlines() or [""]):
+                    self.lines.append((head if i == 0 else " " * len(head)) + part)
+
+
+def _numbers(numbers: list[int]) -> str:
+    return ("step " if len(numbers) == 1 else "steps ") + ", ".join(map(str, numbers))
+
+
+def _row_text(run: Run, row: dict[str, JSON]) -> str:
+    """The row's last column: the summary, or what the state needs said."""
+    parts: list[str] = []
+    state = row["state"]
+    if state == "retrying" and row.get("retry_in") is not None:
+        parts.append(f"retry in {duration(float(str(row['retry_in'])))}")
+    if state in ("in_doubt", "accepted") and row["note"]:
+        parts.append(str(row["note"]))
+    if state == "started" and run.state is RunState.RUNNING:
+        parts.append("in flight")
+    if row["summary"] is not None:
+        parts.append(_short(row["summary"]))
+    return one_line(" · ".join(parts))
+
+
+def _refer_to_steps(error: str, rows: list[dict[str, JSON]]) -> str:
+    """The run's error with the errors its steps show below replaced by a reference."""
+    text = one_line(error)
+    for row in reversed(rows):
+        step_error = row.get("error")
+        if "event" in row or not isinstance(step_error, str) or not step_error:
+            continue
+        message = one_line(step_error)
+        reference = f"error at step {row['step']} below"
+        text = text.replace(f": {message}", f" ({reference})").replace(message, reference)
+    return text
+
+
+def _event_phrase(row: dict[str, JSON]) -> str:
+    kind = row["event"]
+    detail = row["detail"] if isinstance(row["detail"], dict) else {}
+    at = row["at"] if isinstance(row["at"], float) else 0.0
+
+    def when(key: str) -> str:
+        """A time in the detail: the clock alone on the row's date, else in full."""
+        value = detail.get(key)
+        if not isinstance(value, int | float):
+            return "-"
+        same_day = _datetime(float(value)).date() == _datetime(at).date()
+        return _clock(float(value)) if same_day else utc(float(value))
+
+    if kind == "run_created":
+        run_at = detail.get("run_at")
+        if isinstance(run_at, int | float) and run_at - at >= 0.001:
+            return f"run created, due {when('run_at')}"
+        return "run created"
+    if kind == "run_claimed":
+        attempt = row.get("attempt")
+        return (f"attempt {attempt if attempt is not None else '?'} started (epoch "
+                f"{row['epoch']}) by worker {detail.get('worker') or '?'}")
+    if kind == "run_completed":
+        return "run completed"
+    if kind == "run_failed":
+        step = detail.get("step")
+        return f"run failed at step {step}" if step is not None else "run failed (error above)"
+    if kind == "run_cancel_requested":
+        return f"cancel requested by {detail.get('by') or 'operator'}"
+    if kind == "run_cancelled":
+        return f"run cancelled by {detail.get('by') or 'operator'}"
+    if kind == "run_interrupted":
+        return (f"attempt interrupted ({detail.get('reason') or '?'}); "
+                "its lease was released for another worker")
+    if kind == "run_recovered":
+        return (f"run recovered: the lease of worker {detail.get('worker') or '?'} expired "
+                f"{when('lease_expired_at')}")
+    if kind == "run_replayed":
+        phrase = "replay requested"
+        if detail.get("from_step") is not None:
+            phrase += f" from step {detail['from_step']}"
+        policy = detail.get("in_doubt")
+        if policy == "accept":
+            phrase += "; steps in doubt accepted as done"
+        elif policy == "rerun":
+            phrase += "; steps in doubt to run again"
+        return phrase
+    return one_line(str(kind))

@@ -144,19 +144,35 @@ class Fence:
 
 @attrs.frozen
 class JournalWrite:
-    """A journal entry an attempt asks to append."""
+    """A journal entry an attempt asks to append.
+
+    Two counters, never mixed: ``try_number`` is the step's try (one execution of the step,
+    1-based, as :attr:`durable.ActivityContext.try_number`) and is set on step entries only;
+    ``attempt`` is the run's attempt (a claim) and is set on ``run_claimed`` only.
+    """
 
     kind: EntryKind
     step: int | None = None
     step_key: str | None = None
     name: str | None = None
-    attempt: int | None = None
+    try_number: int | None = None
     data: Mapping[str, JSON] | None = None
+    attempt: int | None = attrs.field(default=None, kw_only=True)
+
+    @property
+    def attempt_column(self) -> int | None:
+        """The value stored in the journal's ``attempt`` column (see :class:`JournalEntry`)."""
+        return self.try_number if self.step is not None else self.attempt
 
 
 @attrs.frozen
 class JournalEntry:
-    """A journal entry as stored."""
+    """A journal entry as stored.
+
+    ``try_number`` (step entries) is the step's try; ``attempt`` (``run_claimed``) is the
+    run's attempt. Both live in the journal's one ``attempt`` column, which keeps its name
+    (no migration): on a row with a step it holds the try, on a run row the attempt.
+    """
 
     seq: int
     run_id: str
@@ -166,21 +182,25 @@ class JournalEntry:
     step: int | None = None
     step_key: str | None = None
     name: str | None = None
-    attempt: int | None = None
+    try_number: int | None = None
     data: Mapping[str, JSON] = attrs.field(factory=dict)
+    attempt: int | None = attrs.field(default=None, kw_only=True)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JournalEntry:
+        step = row["step"]
+        counter = row["attempt"]
         return cls(
             seq=int(row["seq"]),
             run_id=row["run_id"],
             epoch=int(row["epoch"]),
             kind=EntryKind(row["kind"]),
             at=float(row["at"]),
-            step=row["step"],
+            step=step,
             step_key=row["step_key"],
             name=row["name"],
-            attempt=row["attempt"],
+            try_number=counter if step is not None else None,
+            attempt=counter if step is None else None,
             data=loads(row["data"]) or {},
         )
 

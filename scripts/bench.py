@@ -94,14 +94,14 @@ REGISTRY = durable.Registry()
 
 
 @durable.activity(name="bench.noop", registry=REGISTRY,
-                  retry=durable.RetryPolicy(max_attempts=1))
+                  retry=durable.RetryPolicy(max_tries=1))
 async def noop(ctx: durable.ActivityContext, i: int) -> int:
     """Does nothing, idempotently (``on_doubt="retry"``, the default)."""
     return i
 
 
 @durable.activity(name="bench.noop_strict", registry=REGISTRY, on_doubt="fail",
-                  retry=durable.RetryPolicy(max_attempts=1))
+                  retry=durable.RetryPolicy(max_tries=1))
 async def noop_strict(ctx: durable.ActivityContext, i: int) -> int:
     """Does nothing, declared not safe to repeat (``on_doubt="fail"``)."""
     return i

@@ -144,8 +144,8 @@ class Tour:
         run = await client.get(run_id)
         entries = await client.journal(run_id)
         print()
-        for line in durable.render_timeline(run, entries,
-                                            console_url=self.console_url).splitlines():
+        for line in durable.render_timeline(run, entries, console_url=self.console_url,
+                                            width=96).splitlines():
             print(f"    {line}")
         print()
         return run

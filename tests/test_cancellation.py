@@ -30,7 +30,7 @@ async def test_activity_timeout_aborts_the_request_in_flight(
     async with loopback_server() as server:
         server.on("/push", Rule(hang=True))
 
-        @durable.activity(registry=registry, timeout=0.3, retry=durable.RetryPolicy(max_attempts=1))
+        @durable.activity(registry=registry, timeout=0.3, retry=durable.RetryPolicy(max_tries=1))
         async def force_push(ctx: durable.ActivityContext) -> None:
             await ctx.http.post(f"{server.url}/push")
             after.append("code after the request ran")

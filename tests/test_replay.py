@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 
 def _define(registry: durable.Registry, executed: list[str], fail_at: set[str],
             swap: list[bool]) -> None:
-    @durable.activity("step.a", registry=registry, retry=durable.RetryPolicy(max_attempts=1))
+    @durable.activity("step.a", registry=registry, retry=durable.RetryPolicy(max_tries=1))
     async def a(ctx: durable.ActivityContext, name: str) -> str:
         executed.append(name)
         if name in fail_at:
@@ -128,7 +128,7 @@ async def test_a_resumed_attempt_sees_a_journaled_failure_again(
     release = anyio.Event()
     seen_failures: list[str] = []
 
-    @durable.activity("flaky", registry=registry, retry=durable.RetryPolicy(max_attempts=1))
+    @durable.activity("flaky", registry=registry, retry=durable.RetryPolicy(max_tries=1))
     async def flaky(ctx: durable.ActivityContext) -> None:
         tries.append(ctx.try_number)
         raise RuntimeError("no")

@@ -22,7 +22,7 @@ async def test_tokens_stay_out_of_journal_and_logs(client: durable.Client,
     async with loopback_server() as server:
         server.on("/api", Rule(status=500))
 
-        @durable.activity(registry=registry, retry=durable.RetryPolicy(max_attempts=1))
+        @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
         async def call(ctx: durable.ActivityContext) -> None:
             response = await ctx.http.get(f"{server.url}/api?token={TOKEN}",
                                           headers={"Authorization": f"Bearer {TOKEN}"})

@@ -110,9 +110,9 @@ def fence(run: Run) -> Fence:
 
 
 STEP = JournalWrite(EntryKind.STEP_STARTED, step=1, step_key="1:charge", name="charge",
-                    attempt=1)
+                    try_number=1)
 DONE = JournalWrite(EntryKind.STEP_COMPLETED, step=1, step_key="1:charge", name="charge",
-                    attempt=1, data={"result": 42})
+                    try_number=1, data={"result": 42})
 
 
 async def journal_kinds(store: Store, run_id: str) -> list[str]:
@@ -286,6 +286,20 @@ async def test_fenced_writes_are_refused_with_a_stale_epoch(store: Store) -> Non
     assert current.epoch == run.epoch
     assert await store.append(fence(run), [STEP, DONE])
     assert await journal_kinds(store, "r1") == [*before, "step_started", "step_completed"]
+
+
+async def test_journal_keeps_a_steps_try_apart_from_the_runs_attempt(store: Store) -> None:
+    await create(store, "r1")
+    run = await claim_one(store)
+    second_try = JournalWrite(EntryKind.STEP_STARTED, step=1, step_key="1:charge",
+                              name="charge", try_number=2)
+    assert await store.append(fence(run), [second_try])
+    claimed, started = (await store.journal("r1"))[1:]
+    # one column stores both counters; each comes back under its own name
+    assert (claimed.kind, claimed.attempt, claimed.try_number) == (EntryKind.RUN_CLAIMED, 1,
+                                                                   None)
+    assert (started.kind, started.try_number, started.attempt) == (EntryKind.STEP_STARTED, 2,
+                                                                   None)
 
 
 async def test_fenced_writes_are_refused_once_the_lease_expired(

@@ -68,7 +68,7 @@ async def test_retries_with_backoff_and_retry_after(client: durable.Client,
         server.on("/busy", Rule(status=503, headers={"Retry-After": "0"}, times=2))
 
         @durable.activity(registry=registry,
-                          retry=durable.RetryPolicy(max_attempts=4, initial_delay=30))
+                          retry=durable.RetryPolicy(max_tries=4, initial_delay=30))
         async def call(ctx: durable.ActivityContext) -> int:
             response = await ctx.http.get(f"{server.url}/busy")
             response.raise_for_status()
@@ -85,7 +85,7 @@ async def test_retries_with_backoff_and_retry_after(client: durable.Client,
     assert done.state is RunState.COMPLETED and done.result == 200
     journal = await client.journal("r1")
     assert kinds(journal).count("step_retrying") == 2
-    assert [e.attempt for e in journal if e.kind.value == "step_started"] == [1, 2, 3]
+    assert [e.try_number for e in journal if e.kind.value == "step_started"] == [1, 2, 3]
     assert all(r.headers["idempotency-key"] == "r1/1" for r in server.seen("/busy"))
 
 
@@ -96,7 +96,7 @@ async def test_non_retryable_error_fails_at_once(client: durable.Client,
     class Refused(durable.NonRetryableError):
         pass
 
-    @durable.activity(registry=registry, retry=durable.RetryPolicy(max_attempts=5))
+    @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=5))
     async def refuse(ctx: durable.ActivityContext) -> None:
         tries.append(ctx.try_number)
         raise Refused("the service said no")
@@ -174,7 +174,7 @@ async def test_keyed_concurrent_steps_are_stable_across_replays(
     executed: list[str] = []
     fail_item = {"c"}
 
-    @durable.activity(registry=registry, retry=durable.RetryPolicy(max_attempts=1))
+    @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
     async def make(ctx: durable.ActivityContext, item: str) -> str:
         executed.append(item)
         if item in fail_item:
@@ -222,7 +222,7 @@ async def test_journaled_values_are_the_same_on_replay(client: durable.Client,
     seen: list[tuple[float, str]] = []
     fail = [True]
 
-    @durable.activity(registry=registry, retry=durable.RetryPolicy(max_attempts=1))
+    @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
     async def maybe(ctx: durable.ActivityContext) -> None:
         if fail[0]:
             raise RuntimeError("first time")

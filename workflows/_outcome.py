@@ -30,7 +30,7 @@ def outcome_key(ctx: durable.WorkflowContext, report: durable.RecoveryReport) ->
     re-execution of the same failure finds them journaled and sends nothing again, while a
     replay that fails anew (new tries) records and reports the new failure once.
     """
-    parts = [f"{s.number}.{s.attempts}" for s in (*report.failed, *report.in_doubt)]
+    parts = [f"{s.number}.{s.tries}" for s in (*report.failed, *report.in_doubt)]
     return "failed-" + ("-".join(parts) if parts else f"attempt{ctx.attempt}")
 
 

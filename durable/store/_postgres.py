@@ -511,7 +511,7 @@ def _entry_arrays(entries: Sequence[JournalWrite]) -> dict[str, list[Any]]:
         "steps": [e.step for e in entries],
         "step_keys": [e.step_key for e in entries],
         "names": [e.name for e in entries],
-        "attempts": [e.attempt for e in entries],
+        "attempts": [e.attempt_column for e in entries],
         "datas": [None if e.data is None else dumps(dict(e.data), "journal data")
                   for e in entries],
     }

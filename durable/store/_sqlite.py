@@ -50,7 +50,7 @@ def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, An
         "step": entry.step,
         "step_key": entry.step_key,
         "name": entry.name,
-        "attempt": entry.attempt,
+        "attempt": entry.attempt_column,
         "now": now,
         "data": None if entry.data is None else dumps(dict(entry.data), "journal data"),
     }
