@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
-from ._context import FENCING_HEADER, IDEMPOTENCY_HEADER, ActivityContext, WorkflowContext
+from ._context import (
+    FENCING_HEADER,
+    IDEMPOTENCY_HEADER,
+    ActivityContext,
+    HttpClient,
+    WorkflowContext,
+)
 from ._errors import (
     ActivityError,
     AttemptCancelled,
@@ -187,7 +193,7 @@ class Attempt:
             if self._own_transport is None:
                 self._own_transport = httpx.AsyncHTTPTransport()
             transport = self._own_transport
-        return httpx.AsyncClient(
+        return HttpClient(
             transport=transport,
             headers={IDEMPOTENCY_HEADER: ctx.idempotency_key,
                      FENCING_HEADER: str(self.run.epoch)},

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -16,7 +18,7 @@ from typing import Any, NoReturn
 import anyio
 import attrs
 
-from ._client import Client, InDoubt
+from ._client import Client, InDoubt, check_step, describe_replay
 from ._errors import ConfigError, DurableError
 from ._logging import configure_logging
 from ._registry import default_registry
@@ -29,10 +31,10 @@ from ._report import (
     timeline_rows,
     use_color,
 )
-from ._types import JournalEntry, Run
+from ._types import JournalEntry, Run, RunState
 from ._version import __version__
 from ._worker import Worker
-from .store import store_from_url
+from .store import Store, store_from_url
 
 DEFAULT_DB = "sqlite:///durable.db"
 
@@ -43,7 +45,12 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def import_modules(names: Sequence[str]) -> None:
-    """Import the modules (dotted names or .py paths) that declare workflows."""
+    """Import the modules (dotted names or .py paths) that declare workflows.
+
+    A module that cannot be found, or that raises while it is imported (a syntax error
+    included), is a :class:`ConfigError` naming the module, its error and where; the
+    original exception is its cause (``--traceback`` prints it).
+    """
     for name in names:
         try:
             if name.endswith(".py") or os.sep in name:
@@ -55,14 +62,48 @@ def import_modules(names: Sequence[str]) -> None:
                     raise ConfigError(f"cannot import {name}")
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[path.stem] = module
-                spec.loader.exec_module(module)
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    sys.modules.pop(path.stem, None)
+                    raise
             else:
                 if os.getcwd() not in sys.path:
                     sys.path.insert(0, os.getcwd())
                 importlib.import_module(name)
+        except ConfigError:
+            raise
         except ModuleNotFoundError as exc:
-            raise ConfigError(f"cannot import {name!r}: {exc}; check --import and PYTHONPATH")\
-                from exc
+            if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+                raise ConfigError(
+                    f"cannot import {name!r}: {exc}; check --import and PYTHONPATH") from exc
+            raise ConfigError(_import_failure(name, exc)) from exc
+        except Exception as exc:
+            raise ConfigError(_import_failure(name, exc)) from exc
+
+
+def _import_failure(name: str, exc: Exception) -> str:
+    """``cannot import 'mymod': ZeroDivisionError: division by zero (mymod.py line 3)``."""
+    if isinstance(exc, SyntaxError):
+        text, filename, line = exc.msg, exc.filename, exc.lineno
+    else:
+        text = str(exc)
+        frames = traceback.extract_tb(exc.__traceback__)
+        user = [f for f in frames if not f.filename.startswith("<frozen ")]
+        shown_frames = user or frames
+        filename, line = ((shown_frames[-1].filename, shown_frames[-1].lineno)
+                          if shown_frames else (None, None))
+    error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    where = ""
+    if filename:
+        shown = filename
+        with contextlib.suppress(ValueError):
+            relative = os.path.relpath(filename)
+            if not relative.startswith(os.pardir):
+                shown = relative
+        where = f" ({shown} line {line})" if line else f" ({shown})"
+    return (f"cannot import {name!r}: {error}{where}; run with --traceback for the full "
+            "traceback")
 
 
 def _imports(args: argparse.Namespace) -> list[str]:
@@ -94,12 +135,19 @@ def _parse_json_arg(text: str) -> Any:
         ) from None
 
 
+def _say_created(store: Store) -> None:
+    """One line on stderr when the command created the database: a mistyped --db shows."""
+    if store.created is not None:
+        print(f"durable: created a new database at {store.created}", file=sys.stderr)
+
+
 # -- commands -------------------------------------------------------------------------------------
 async def _cmd_start(args: argparse.Namespace) -> int:
     import_modules(_imports(args))
     values = [_parse_json_arg(a) for a in args.args]
     default_registry.workflow(args.workflow)
-    async with Client.connect(args.db, console_url=args.console_url) as client:
+    async with Client.connect(args.db) as client:
+        _say_created(client.store)
         run = await client.start(args.workflow, *values, id=args.id, key=args.key,
                                  delay=args.delay, timeout=args.timeout)
     if args.json:
@@ -130,6 +178,8 @@ async def _cmd_show(args: argparse.Namespace) -> int:
     async with Client.connect(args.db, create=False, console_url=args.console_url) as client:
         run = await client.get(args.id)
         entries = await client.store.journal(args.id)
+    if args.step is not None:
+        check_step(run.id, entries, args.step, "--step")
     if args.json:
         report = RecoveryReport.build(run, entries, args.console_url)
         print(json.dumps({
@@ -161,8 +211,12 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
     policy: InDoubt | None = (
         "rerun" if args.rerun_in_doubt else "accept" if args.accept_in_doubt else None)
     async with Client.connect(args.db, create=False) as client:
-        run = await client.replay(args.id, from_step=args.from_step, in_doubt=policy)
-    print(f"{run.id} queued again (completed steps will not run again)")
+        entries = await client.journal(args.id)
+        try:
+            run = await client.replay(args.id, from_step=args.from_step, in_doubt=policy)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("from_step", "--from-step")) from exc
+    print(describe_replay(run.id, entries, args.from_step, policy))
     return 0
 
 
@@ -170,6 +224,7 @@ async def _cmd_migrate(args: argparse.Namespace) -> int:
     store = store_from_url(args.db)
     await store.open()
     try:
+        _say_created(store)
         version = await store.schema_version()
     finally:
         await store.aclose()
@@ -187,6 +242,7 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
     store = store_from_url(args.db, pool_size=min(args.concurrency + 3, 10))
     await store.open()
     try:
+        _say_created(store)
         worker = Worker(store, concurrency=args.concurrency, lease=args.lease,
                         grace=args.grace, poll_interval=args.poll, console_url=args.console_url)
         async with anyio.create_task_group() as tg:
@@ -208,107 +264,214 @@ async def _watch_signals(worker: Worker) -> None:
 
 
 # -- parsers ---------------------------------------------------------------------------------------
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", default=os.environ.get("DURABLE_DB", DEFAULT_DB),
-                        help="database URL (default: $DURABLE_DB or sqlite:///durable.db)")
-    parser.add_argument("--console-url", default=os.environ.get("DURABLE_CONSOLE_URL"),
-                        help="base URL of the console, for links in messages")
-    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+DESCRIPTION = """\
+durable: durable workflows of journaled activities.
+
+Start runs of workflows, list and show runs with their journals, cancel and replay them,
+create or upgrade the database, and run workers that claim and execute runs.
+"""
+
+EPILOG = """\
+The database is --db, else $DURABLE_DB, else sqlite:///durable.db (a relative SQLite path is
+relative to the current folder). A user's mistake prints one line and exits 2; add
+--traceback (or set DURABLE_TRACEBACK=1) for the full Python traceback.
+Run "python -m durable COMMAND --help" for a command's options.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless it has none or says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or "(default:" in text):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors in the command line are one line: what is wrong and where to look."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see: {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+    def parse_command_line(self, argv: Sequence[str] | None) -> argparse.Namespace:
+        """``parse_args``, but an unknown option is reported by the command it was given to."""
+        args, extra = self.parse_known_args(argv)
+        if extra:
+            target: argparse.ArgumentParser = getattr(args, "command_parser", self)
+            target.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args
+
+
+def _common(parser: argparse.ArgumentParser, *, console: bool = False) -> None:
+    parser.add_argument(
+        "--db", metavar="URL", default=os.environ.get("DURABLE_DB", DEFAULT_DB),
+        help="database: sqlite:///FILE (relative to the current folder; sqlite:////ABS/PATH "
+             "for an absolute path) or postgresql://USER@HOST:PORT/DB "
+             "(default: $DURABLE_DB, else sqlite:///durable.db)")
+    if console:
+        parser.add_argument(
+            "--console-url", metavar="URL", default=os.environ.get("DURABLE_CONSOLE_URL"),
+            help="base URL of the operator console, for links in recovery reports "
+                 "(default: $DURABLE_CONSOLE_URL, else no links)")
+    parser.add_argument(
+        "--traceback", action="store_true",
+        help="on an error, print the full Python traceback too (or set DURABLE_TRACEBACK=1)")
+
+
+def _import_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import", dest="imports", action="append", metavar="MODULE",
+        help="module (dotted name, found from the current folder and PYTHONPATH) or .py file "
+             "that declares the workflows; repeatable (also $DURABLE_IMPORT, comma-separated)")
 
 
 def _worker_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE",
-                        help="module (or .py file) declaring workflows; repeatable")
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--lease", type=float, default=30.0, help="lease in seconds")
-    parser.add_argument("--grace", type=float, default=10.0,
-                        help="seconds running attempts get on shutdown")
-    parser.add_argument("--poll", type=float, default=0.5, help="seconds between claims")
-    parser.add_argument("--log-format", choices=("console", "json"), default="console")
+    _common(parser, console=True)
+    _import_option(parser)
+    parser.add_argument("--concurrency", type=int, default=16, metavar="N",
+                        help="runs executed at the same time")
+    parser.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
+                        help="lease on each claimed run, renewed every second; a crashed "
+                             "worker's runs are recovered once it expires")
+    parser.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
+                        help="on SIGTERM or SIGINT, time running attempts get to finish "
+                             "before they are cancelled (a second signal cancels at once)")
+    parser.add_argument("--poll", type=float, default=0.5, metavar="SECONDS",
+                        help="when idle, time between looks for due runs")
+    parser.add_argument("--log-format", choices=("console", "json"), default="console",
+                        help="log lines on stderr: console (for people) or json (one object "
+                             "a line)")
     parser.add_argument("--log-level", default="info",
-                        choices=("debug", "info", "warning", "error"))
+                        choices=("debug", "info", "warning", "error"),
+                        help="the least severe log lines shown")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
+                        help="event loop to run on (the PostgreSQL store needs asyncio)")
+    parser.set_defaults(func=_cmd_worker)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="durable", description=__doc__)
+def build_parser() -> _Parser:
+    parser = _Parser(prog="durable", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands",
+                                metavar="COMMAND")
 
-    p = sub.add_parser("start", help="queue a run of a workflow")
+    p = sub.add_parser("start", help="queue a run of a workflow", description=(
+        "Queue a run of a workflow. Starting the same --id again returns the existing run."))
     _common(p)
-    p.add_argument("workflow")
-    p.add_argument("args", nargs="*", help="arguments, each a JSON value")
-    p.add_argument("--import", dest="imports", action="append", metavar="MODULE")
-    p.add_argument("--id", help="run id (idempotent: an existing id returns that run)")
-    p.add_argument("--key", help="concurrency key: one running run per key")
-    p.add_argument("--delay", type=float, help="start after this many seconds")
-    p.add_argument("--timeout", type=float, help="workflow deadline per attempt, seconds")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("workflow", help="the workflow's registered name, e.g. slot.reset")
+    p.add_argument("args", nargs="*", metavar="JSON_ARG",
+                   help="the workflow's arguments, each a JSON value (quote strings: "
+                        "\'\"slot-1\"\')")
+    _import_option(p)
+    p.add_argument("--id", help="run id (default: WORKFLOW-<random hex>)")
+    p.add_argument("--key", help="concurrency key: at most one run per key runs at a time "
+                                 "(default: no key)")
+    p.add_argument("--delay", type=float, metavar="SECONDS",
+                   help="start after this many seconds; cancellable until then "
+                        "(default: at once)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="workflow deadline per attempt (default: none)")
+    p.add_argument("--json", action="store_true", help="print the run as JSON")
     p.set_defaults(func=_cmd_start)
 
-    p = sub.add_parser("list", help="list runs, newest first")
+    p = sub.add_parser("list", help="list runs, newest first",
+                       description="List runs, newest first.")
     _common(p)
-    p.add_argument("--state")
-    p.add_argument("--workflow")
-    p.add_argument("--key")
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--state", choices=[s.value for s in RunState],
+                   help="only runs in this state (default: any)")
+    p.add_argument("--workflow", help="only runs of this workflow (default: any)")
+    p.add_argument("--key", help="only runs with this concurrency key (default: any)")
+    p.add_argument("--limit", type=int, default=50, metavar="N", help="at most N runs")
+    p.add_argument("--json", action="store_true", help="print the runs as JSON")
     p.set_defaults(func=_cmd_list)
 
-    p = sub.add_parser("show", help="a run and its journal as a timeline")
-    _common(p)
-    p.add_argument("id")
-    p.add_argument("--step", type=int, help="only this step")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("show", help="a run and its journal as a timeline",
+                       description="Print a run and its journal as a timeline.")
+    _common(p, console=True)
+    p.add_argument("id", help="the run's id")
+    p.add_argument("--step", type=int, metavar="N", help="only step N (default: every step)")
+    p.add_argument("--json", action="store_true",
+                   help="print the run, its steps, its journal and its recovery report as "
+                        "JSON")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the states: auto = on a terminal unless NO_COLOR is set "
                         "(default: auto)")
     p.set_defaults(func=_cmd_show)
 
-    p = sub.add_parser("cancel", help="cancel a queued, delayed or running run")
+    p = sub.add_parser("cancel", help="cancel a queued, delayed or running run",
+                       description="Cancel a queued or delayed run at once, or ask the worker "
+                                   "holding a running run to stop it.")
     _common(p)
-    p.add_argument("id")
+    p.add_argument("id", help="the run's id")
     p.set_defaults(func=_cmd_cancel)
 
-    p = sub.add_parser("replay", help="run a failed or cancelled run again")
+    p = sub.add_parser("replay", help="run a failed or cancelled run again",
+                       description="Queue a failed or cancelled run again. Completed steps "
+                                   "keep their journaled results unless --from-step says "
+                                   "otherwise; the journal keeps every earlier attempt.")
     _common(p)
-    p.add_argument("id")
-    p.add_argument("--from-step", type=int, help="run this step and later ones again")
+    p.add_argument("id", help="the run's id")
+    p.add_argument("--from-step", type=int, metavar="N",
+                   help="run step N and every later step again, completed ones included "
+                        "(default: only steps without a result run)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--rerun-in-doubt", action="store_true",
-                       help="run steps whose outcome is unknown again")
+                       help="run steps whose outcome is unknown (in doubt) again")
     group.add_argument("--accept-in-doubt", action="store_true",
-                       help="count steps whose outcome is unknown as done")
+                       help="count steps whose outcome is unknown (in doubt) as done")
     p.set_defaults(func=_cmd_replay)
 
-    p = sub.add_parser("migrate", help="create or upgrade the database schema")
+    p = sub.add_parser("migrate", help="create or upgrade the database schema",
+                       description="Create the database (or PostgreSQL schema) or upgrade it "
+                                   "to this version's schema, then print its version.")
     _common(p)
     p.set_defaults(func=_cmd_migrate)
 
-    p = sub.add_parser("worker", help="run a worker (same as python -m durable.worker)")
-    _common(p)
+    p = sub.add_parser("worker", help="run a worker (same as python -m durable.worker)",
+                       description=WORKER_DESCRIPTION)
     _worker_options(p)
-    p.set_defaults(func=_cmd_worker)
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)
     return parser
 
 
-def worker_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m durable.worker",
-                                     description="Claim and run durable workflows.")
+WORKER_DESCRIPTION = """\
+Claim and run durable workflows until SIGTERM or SIGINT (Ctrl-C): on the first signal,
+stop claiming and give running attempts --grace seconds; a second signal cancels at once.
+"""
+
+
+def worker_parser() -> _Parser:
+    parser = _Parser(prog="python -m durable.worker", description=WORKER_DESCRIPTION,
+                     epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the version and exit")
-    _common(parser)
     _worker_options(parser)
-    parser.set_defaults(func=_cmd_worker)
     return parser
+
+
+def _want_traceback(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "traceback", False)) or os.environ.get(
+        "DURABLE_TRACEBACK", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     try:
-        result: int = anyio.run(args.func, args, backend=args.backend)
+        result: int = anyio.run(args.func, args, backend=getattr(args, "backend", "asyncio"))
         return result
     except DurableError as exc:
+        if _want_traceback(args):
+            traceback.print_exception(exc, file=sys.stderr)
         _fail(str(exc))
     except KeyboardInterrupt:
         _fail("interrupted", 130)
@@ -316,8 +479,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(level="warning")
-    return _dispatch(build_parser().parse_args(argv))
+    return _dispatch(build_parser().parse_command_line(argv))
 
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
-    return _dispatch(worker_parser().parse_args(argv))
+    return _dispatch(worker_parser().parse_command_line(argv))

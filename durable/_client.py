@@ -18,10 +18,11 @@ from ._errors import (
     RunConflictError,
     RunNotFoundError,
 )
+from ._history import History
 from ._logging import get_logger
 from ._registry import Registry, Workflow, default_registry
 from ._report import RecoveryReport
-from ._types import JournalEntry, NewRun, Run, RunState, dumps
+from ._types import JournalEntry, NewRun, Run, RunState, StepState, dumps
 from .store import Store, store_from_url
 
 InDoubt = Literal["rerun", "accept"]
@@ -95,7 +96,8 @@ class Client:
         if not created and (run.workflow != name or run.args != arg_list or run.key != key):
             raise RunConflictError(
                 f"run id {run_id!r} already belongs to a {run.workflow} run with arguments "
-                f"{dumps(run.args)} and key {run.key!r}; choose another id"
+                f"{dumps(run.args)} and {_key_text(run.key)} (asked for: {name} with "
+                f"{dumps(arg_list)} and {_key_text(key)}); choose another id"
             )
         if created:
             self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
@@ -190,8 +192,9 @@ class Client:
         steps whose outcome is unknown: ``"rerun"`` runs them again, ``"accept"`` counts them
         as done. Nothing is deleted: the journal keeps every earlier attempt.
         """
-        if from_step is not None and from_step < 1:
-            raise ConfigError("from_step counts from 1")
+        if from_step is not None and (isinstance(from_step, bool)
+                                      or not isinstance(from_step, int) or from_step < 1):
+            raise ConfigError(f"from_step is a step number (1, 2, ...), not {from_step!r}")
         if in_doubt not in (None, "rerun", "accept"):
             raise ConfigError("in_doubt must be 'rerun' or 'accept'")
         run = await self.get(run_id)
@@ -199,6 +202,8 @@ class Client:
             raise InvalidStateError(
                 f"run {run_id} is {run.state.value}; only failed or cancelled runs can be "
                 "replayed")
+        if from_step is not None:  # refused before anything is written
+            check_step(run_id, await self.store.journal(run_id), from_step, "from_step")
         queued = await self.store.requeue(run_id, from_step, in_doubt)
         if queued is None:
             raise InvalidStateError(f"run {run_id} changed state meanwhile; look again")
@@ -206,3 +211,72 @@ class Client:
                       in_doubt=in_doubt)
         return queued
 
+
+
+def _key_text(key: str | None) -> str:
+    return "no key" if key is None else f"key {key!r}"
+
+
+def _steps_text(numbers: builtins.list[int]) -> str:
+    """``step 2``, ``steps 1 and 3``, ``steps 1 to 4``."""
+    if len(numbers) == 1:
+        return f"step {numbers[0]}"
+    if numbers == builtins.list(range(numbers[0], numbers[-1] + 1)) and len(numbers) > 2:
+        return f"steps {numbers[0]} to {numbers[-1]}"
+    return "steps " + ", ".join(str(n) for n in numbers[:-1]) + f" and {numbers[-1]}"
+
+
+def check_step(run_id: str, entries: builtins.list[JournalEntry], step: int,
+               option: str = "step") -> None:
+    """Refuse a step number the run's journal does not have (ConfigError, one line)."""
+    numbers = sorted(s.number for s in History.fold(entries).steps.values())
+    if step in numbers:
+        return
+    if not numbers:
+        raise ConfigError(f"run {run_id} has no steps in its journal yet, so no step {step}; "
+                          f"leave out {option}")
+    raise ConfigError(f"run {run_id} has no step {step}: its journal has "
+                      f"{_steps_text(numbers)}; {option} must be one of them")
+
+
+def describe_replay(run_id: str, entries: builtins.list[JournalEntry],
+                    from_step: int | None = None, in_doubt: InDoubt | None = None) -> str:
+    """What a replay of the run with this journal will do, step by step, in one line.
+
+    Follows :meth:`History.fold`'s reading of a ``run_replayed`` entry, which is what the
+    next attempt acts on.
+    """
+    kept: builtins.list[int] = []
+    from_here: builtins.list[int] = []
+    failed: builtins.list[int] = []
+    doubt: builtins.list[int] = []
+    for step in History.fold(entries).ordered():
+        if from_step is not None and step.number >= from_step:
+            from_here.append(step.number)
+        elif step.state is StepState.COMPLETED:
+            kept.append(step.number)
+        elif step.state in (StepState.STARTED, StepState.IN_DOUBT):
+            doubt.append(step.number)
+        else:
+            failed.append(step.number)
+    parts: builtins.list[str] = []
+    if from_step is not None:
+        parts.append(f"step {from_step} and every later step will run again")
+    if kept:
+        parts.append(f"{_steps_text(kept)} will not run again (journaled results are used)")
+    if failed:
+        parts.append(f"{_steps_text(failed)} (failed or unfinished) will run again")
+    if doubt and in_doubt == "accept":
+        parts.append(f"{_steps_text(doubt)} (in doubt) will count as done, accepted by an "
+                     "operator")
+    elif doubt and in_doubt == "rerun":
+        parts.append(f"{_steps_text(doubt)} (in doubt) will run again")
+    elif doubt:
+        parts.append(f"{_steps_text(doubt)} in doubt: each runs again if its activity has "
+                     "on_doubt='retry', else the run fails there again (decide with "
+                     "--rerun-in-doubt or --accept-in-doubt)")
+    elif in_doubt is not None:
+        parts.append("no step is in doubt, so the in-doubt choice changes nothing")
+    if not kept and not from_here and not failed and not doubt:
+        parts.append("no step had run: the workflow starts from the beginning")
+    return f"{run_id} queued again: " + "; ".join(parts)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from ._errors import LeaseLostError
+from ._logging import redact
 from ._types import JSON
 
 if TYPE_CHECKING:
@@ -19,6 +20,54 @@ if TYPE_CHECKING:
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 FENCING_HEADER = "Durable-Fencing-Token"
+
+
+def _where(request: httpx.Request) -> tuple[str, str]:
+    """``host:port`` and ``METHOD URL`` of a request, without credentials or query values."""
+    url = request.url
+    port = url.port or {"http": 80, "https": 443}.get(url.scheme)
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    address = f"{host}:{port}" if port else host
+    shown = f"{url.scheme}://{address if url.port else host}{url.path}"
+    if url.query:
+        shown += "?..."
+    return address, redact(f"{request.method} {shown}")
+
+
+def name_the_target(exc: httpx.TransportError, request: httpx.Request) -> httpx.TransportError:
+    """The same kind of error, its message saying where the request went.
+
+    ``ConnectError: All connection attempts failed`` becomes ``ConnectError: cannot connect
+    to 127.0.0.1:9 (GET http://127.0.0.1:9/api/x): All connection attempts failed``. The type
+    is kept, so retry policies and ``except httpx.ConnectError`` see what they saw before.
+    """
+    address, call = _where(request)
+    detail = str(exc)
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        message = f"cannot connect to {address} ({call})"
+    else:
+        message = call
+    if detail:
+        message = f"{message}: {redact(detail)}"
+    try:
+        named = type(exc)(message, request=request)
+    except TypeError:  # a subclass with another signature: keep it as it is
+        return exc
+    return named
+
+
+class HttpClient(httpx.AsyncClient):
+    """``ctx.http``: an ``httpx.AsyncClient`` whose transport errors name their target."""
+
+    async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        try:
+            return await super().send(request, **kwargs)
+        except httpx.TransportError as exc:
+            try:
+                failed = exc.request  # the request that failed (maybe a redirect's)
+            except RuntimeError:
+                failed = request
+            raise name_the_target(exc, failed) from exc
 
 
 class WorkflowContext:
@@ -133,7 +182,7 @@ class ActivityContext:
         """
         if self._http is None:
             if self._attempt is None:
-                self._http = httpx.AsyncClient()
+                self._http = HttpClient()
             else:
                 self._http = self._attempt.http_client(self)
         return self._http

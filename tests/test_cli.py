@@ -13,13 +13,13 @@ import pytest
 from .conftest import ROOT, subprocess_env
 
 
-def cli(*args: str, db: str | None = None,
-        module: str = "durable") -> subprocess.CompletedProcess[str]:
+def cli(*args: str, db: str | None = None, module: str = "durable", cwd: Path = ROOT,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", module, *args]
     if db is not None:
         cmd += ["--db", db]
-    return subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(cmd, cwd=cwd, env={**subprocess_env(), **(env or {})},
+                          capture_output=True, text=True, timeout=60)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -36,6 +36,8 @@ class Store(abc.ABC):
 
     clock: Clock
     url: str
+    created: str | None = None
+    """Set by :meth:`open` when it created the database (or schema): where, for messages."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     @abc.abstractmethod

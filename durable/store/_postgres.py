@@ -169,6 +169,8 @@ class PostgresStore(Store):
                     f"the database {self.url} has schema version {version}, newer than this "
                     f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
                 )
+            if version == 0:
+                self.created = f"schema {self.schema!r} of {self.url}"
             for number, script in load_migrations("postgres"):
                 if number <= version:
                     continue
@@ -216,6 +218,14 @@ class PostgresStore(Store):
         rows = await self._rows(query, params)
         return rows[0] if rows else None
 
+    def _address(self) -> str:
+        """``host:port`` the store connects to (libpq's defaults when the URL has none)."""
+        params = conninfo_to_dict(self._conninfo)
+        host = str(params.get("host") or params.get("hostaddr") or "the local socket")
+        port = str(params.get("port") or "5432")
+        return f"{host}:{port}" if "," not in host and not host.startswith("/") else (
+            f"{host} port {port}")
+
     def _translate(self, exc: Exception) -> StoreError:
         """The one place where driver errors become durable's, without the password."""
         if isinstance(exc, PoolClosed):
@@ -231,7 +241,8 @@ class PostgresStore(Store):
             or exc.sqlstate.startswith("08")
             or exc.sqlstate in _UNAVAILABLE_STATES
         ):
-            return StoreUnavailableError(f"cannot reach PostgreSQL at {self.url}: {message}")
+            return StoreUnavailableError(
+                f"cannot reach PostgreSQL at {self._address()} ({self.url}): {message}")
         return StoreError(f"PostgreSQL at {self.url}: {message}")
 
     # -- runs --------------------------------------------------------------------------------

@@ -187,6 +187,8 @@ class SqliteStore(Store):
                 f"the database {self.path} has schema version {version}, newer than this "
                 f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
             )
+        if version == 0 and self.path != ":memory:":
+            self.created = str(Path(self.path).absolute())
         for number, script in load_migrations("sqlite"):
             if number <= version:
                 continue

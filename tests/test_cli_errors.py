@@ -1,0 +1,191 @@
+"""Errors a user meets in the first hour: each is one line that says what is wrong and where.
+
+Imports that raise, a database that was just created by a typo, a folder given as the
+database, a missing one, an id reused for another workflow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import subprocess_env
+from .helpers import python_process
+from .test_cli import assert_one_line_error, cli, count_runs
+
+RAISES = "import durable\n\nvalue = 1 / 0\n"
+BROKEN = "import durable\n\ndef f(:\n    pass\n"
+
+
+@pytest.fixture
+def modules(tmp_path: Path) -> Path:
+    (tmp_path / "mymod.py").write_text(RAISES)
+    (tmp_path / "brokenmod.py").write_text(BROKEN)
+    (tmp_path / "outer.py").write_text("import inner\n")
+    (tmp_path / "inner.py").write_text("x = 1\nraise RuntimeError('inner failed')\n")
+    (tmp_path / "needsdep.py").write_text("import no_such_dependency_xyz\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [
+    ["start", "any.workflow", "--import"],
+    ["worker", "--import"],
+])
+def test_a_module_that_raises_at_import_is_one_line(modules: Path,
+                                                    command: list[str]) -> None:
+    url = f"sqlite:///{modules / 'x.db'}"
+    cases = {
+        "mymod": ("ZeroDivisionError: division by zero", "(mymod.py line 3)"),
+        "mymod.py": ("ZeroDivisionError: division by zero", "(mymod.py line 3)"),
+        "brokenmod": ("SyntaxError: invalid syntax", "(brokenmod.py line 3)"),
+        "outer": ("RuntimeError: inner failed", "(inner.py line 2)"),
+        "needsdep": ("No module named 'no_such_dependency_xyz'", "(needsdep.py line 1)"),
+    }
+    for module, (error, where) in cases.items():
+        result = cli(*command, module, db=url, cwd=modules)
+        assert result.returncode == 2, result.stderr
+        assert_one_line_error(result, f"cannot import {module!r}", error, where, "--traceback")
+    assert not (modules / "x.db").exists()  # refused before the database was opened
+
+
+def test_the_worker_module_says_the_same(modules: Path) -> None:
+    result = cli("--import", "mymod", db=f"sqlite:///{modules / 'x.db'}",
+                 module="durable.worker", cwd=modules)
+    assert result.returncode == 2
+    assert_one_line_error(result, "cannot import 'mymod'", "ZeroDivisionError", "line 3")
+
+
+def test_traceback_flag_and_environment_show_the_full_traceback(modules: Path) -> None:
+    url = f"sqlite:///{modules / 'x.db'}"
+    for result in (cli("start", "w", "--import", "mymod", "--traceback", db=url, cwd=modules),
+                   cli("start", "w", "--import", "mymod", db=url, cwd=modules,
+                       env={"DURABLE_TRACEBACK": "1"}),
+                   cli("--import", "mymod", "--traceback", db=url, cwd=modules,
+                       module="durable.worker")):
+        assert result.returncode == 2
+        assert "Traceback (most recent call last)" in result.stderr
+        assert 'mymod.py", line 3' in result.stderr and "1 / 0" in result.stderr
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("durable: error: cannot import 'mymod'")
+    quiet = cli("start", "w", "--import", "mymod", db=url, cwd=modules,
+                env={"DURABLE_TRACEBACK": "0"})
+    assert_one_line_error(quiet, "cannot import 'mymod'")
+
+
+def test_a_module_that_cannot_be_found_says_where_to_look(modules: Path) -> None:
+    result = cli("start", "w", "--import", "no_such_module_xyz", cwd=modules,
+                 db=f"sqlite:///{modules / 'x.db'}")
+    assert result.returncode == 2
+    assert_one_line_error(result, "cannot import 'no_such_module_xyz'", "PYTHONPATH")
+
+
+# -- databases ---------------------------------------------------------------------------------
+def created_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "created a new database" in line]
+
+
+def test_start_and_migrate_say_when_they_create_a_database(tmp_path: Path) -> None:
+    # a relative path, as a mistyped --db usually is: the message gives the absolute one
+    first = cli("start", "cli.hello", '"a"', "--import", "tests.cliflows", db="sqlite:///typo.db",
+                cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert created_lines(first.stderr) == [
+        f"durable: created a new database at {tmp_path / 'typo.db'}"]
+    again = cli("start", "cli.hello", '"b"', "--import", "tests.cliflows",
+                db="sqlite:///typo.db", cwd=tmp_path)
+    assert again.returncode == 0 and created_lines(again.stderr) == []
+    assert count_runs(tmp_path / "typo.db") == 2
+
+    migrated = cli("migrate", db="sqlite:///other.db", cwd=tmp_path)
+    assert migrated.returncode == 0, migrated.stderr
+    assert created_lines(migrated.stderr) == [
+        f"durable: created a new database at {tmp_path / 'other.db'}"]
+    assert created_lines(cli("migrate", db="sqlite:///other.db", cwd=tmp_path).stderr) == []
+
+
+def test_the_worker_says_when_it_creates_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.db"
+    log = tmp_path / "worker.log"
+    with python_process(["-m", "durable.worker", "--db", f"sqlite:///{path}", "--import",
+                         "tests.cliflows", "--poll", "0.05"], log,
+                        env=subprocess_env()) as proc:
+        deadline = time.monotonic() + 30
+        while "worker_started" not in log.read_text():  # signals are handled from then on
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)  # polling the worker's log file, bounded
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    assert created_lines(log.read_text()) == [f"durable: created a new database at {path}"]
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "x"], ["cancel", "x"],
+                                     ["replay", "x"]])
+def test_read_only_commands_refuse_a_missing_database(tmp_path: Path,
+                                                      command: list[str]) -> None:
+    result = cli(*command, db="sqlite:///missing.db", cwd=tmp_path)
+    assert result.returncode == 2
+    assert_one_line_error(result, f"no database at {tmp_path / 'missing.db'}",
+                          "relative to the current folder")
+    assert not (tmp_path / "missing.db").exists()
+
+
+@pytest.mark.parametrize("command", [["list"], ["migrate"],
+                                     ["start", "cli.hello", '"a"', "--import",
+                                      "tests.cliflows"]])
+def test_a_folder_given_as_the_database(tmp_path: Path, command: list[str]) -> None:
+    result = cli(*command, db=f"sqlite:///{tmp_path}")
+    assert result.returncode == 2
+    assert_one_line_error(result, f"{tmp_path}: it is a folder, not a file",
+                          f"sqlite:///{tmp_path / 'durable.db'}")
+    assert "unable to open" not in result.stderr
+
+
+def test_a_missing_folder_for_a_new_database(tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "x.db"
+    for command in (["migrate"], ["start", "cli.hello", '"a"', "--import", "tests.cliflows"]):
+        result = cli(*command, db=f"sqlite:///{target}")
+        assert result.returncode == 2
+        assert_one_line_error(result, f"cannot create SQLite database {target}",
+                              f"folder {target.parent} does not exist")
+    assert not (tmp_path / "no").exists()
+
+
+def test_an_id_reused_says_what_differs_without_python_none(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    assert cli("start", "cli.hello", '"a"', "--import", "tests.cliflows", "--id", "r",
+               db=url).returncode == 0
+    for args, asked in ((["cli.other", '"a"'], 'asked for: cli.other with ["a"] and no key'),
+                        (["cli.hello", '"a"', "--key", "k"],
+                         "asked for: cli.hello with [\"a\"] and key 'k'")):
+        result = cli("start", *args, "--import", "tests.cliflows", "--id", "r", db=url)
+        assert result.returncode == 2
+        assert_one_line_error(result, "run id 'r' already belongs to a cli.hello run with "
+                              'arguments ["a"] and no key', asked)
+        assert "None" not in result.stderr
+    assert count_runs(tmp_path / "c.db") == 1
+
+
+def test_argument_errors_are_one_line_naming_the_help(tmp_path: Path) -> None:
+    result = cli("list", "--state", "nope", db=f"sqlite:///{tmp_path / 'x.db'}")
+    assert result.returncode == 2
+    assert_one_line_error(result, "durable list: error:", "invalid choice: 'nope'",
+                          "'failed'", "durable list --help")
+
+
+def test_an_unreachable_postgresql_server_is_named_by_host_and_port() -> None:
+    pytest.importorskip("psycopg")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    sock.close()  # nobody listens there
+    result = cli("list", db=f"postgresql://nobody:pw-secret@127.0.0.1:{port}/x")
+    assert result.returncode == 2
+    assert_one_line_error(result, f"cannot reach PostgreSQL at 127.0.0.1:{port} "
+                                  f"(postgresql://nobody:***@127.0.0.1:{port}/x)")
+    assert "pw-secret" not in result.stderr

@@ -1,0 +1,155 @@
+"""Step numbers given to replay and show: out of range is refused; messages say what happens.
+
+The replay message is checked against what the next attempt really runs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+import durable
+import durable.testing
+from durable import RunState
+from durable._client import describe_replay
+
+from .test_cli import assert_one_line_error, cli
+
+
+def _define(registry: durable.Registry, executed: list[str], broken: set[str],
+            gate: anyio.Event | None = None) -> None:
+    @durable.activity("steps.do", registry=registry)
+    async def do(ctx: durable.ActivityContext, name: str) -> str:
+        executed.append(name)
+        if name in broken:
+            raise durable.NonRetryableError(f"{name} broke")
+        if gate is not None and name == "two":
+            await gate.wait()  # in flight until the operator cancels
+        return name
+
+    @durable.workflow("steps.three", registry=registry)
+    async def three(ctx: durable.WorkflowContext) -> list[str]:
+        return [await do(ctx, "one"), await do(ctx, "two"), await do(ctx, "three")]
+
+
+def journal_rows(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("SELECT count(*) FROM durable_journal").fetchone()[0])
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def failed_runs(tmp_path: Path) -> Path:
+    """A SQLite file with runs f1 and f2 of a three-step workflow, failed at step 3."""
+
+    async def make() -> None:
+        registry = durable.Registry()
+        _define(registry, [], {"three"})
+        async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+            async with durable.testing.running_worker(client):
+                for run_id in ("f1", "f2"):
+                    await client.start("steps.three", id=run_id)
+                    assert (await client.wait(run_id)).state is RunState.FAILED
+
+    anyio.run(make)
+    return tmp_path / "durable.db"
+
+
+def test_out_of_range_steps_are_refused_and_nothing_is_written(failed_runs: Path) -> None:
+    url = f"sqlite:///{failed_runs}"
+    before = journal_rows(failed_runs)
+    for step in ("99", "4", "0", "-1"):
+        result = cli("replay", "f1", "--from-step", step, db=url)
+        assert result.returncode == 2, (step, result.stdout, result.stderr)
+        assert result.stdout == ""
+        assert_one_line_error(result, "--from-step")
+        shown = cli("show", "f1", "--step", step, db=url)
+        assert shown.returncode == 2 and shown.stdout == ""
+        assert_one_line_error(shown, "--step")
+        assert cli("show", "f1", "--step", step, "--json", db=url).returncode == 2
+    assert_one_line_error(cli("replay", "f1", "--from-step", "99", db=url),
+                          "run f1 has no step 99", "its journal has steps 1 to 3")
+    assert_one_line_error(cli("show", "f1", "--step", "99", db=url),
+                          "run f1 has no step 99", "steps 1 to 3")
+    assert journal_rows(failed_runs) == before
+    listed = cli("list", "--state", "failed", "--json", db=url)
+    assert '"f1"' in listed.stdout  # still failed: the refused replay queued nothing
+    assert cli("show", "f1", "--step", "3", db=url).returncode == 0
+
+
+def test_replay_messages_say_which_steps_run_again(failed_runs: Path) -> None:
+    url = f"sqlite:///{failed_runs}"
+    result = cli("replay", "f1", "--from-step", "2", db=url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "f1 queued again: step 2 and every later step will run again; step 1 will not run "
+        "again (journaled results are used)\n")
+    assert "completed steps will not run again" not in result.stdout
+
+    result = cli("replay", "f2", "--accept-in-doubt", db=url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "f2 queued again: steps 1 and 2 will not run again (journaled results are used); "
+        "step 3 (failed or unfinished) will run again; no step is in doubt, so the in-doubt "
+        "choice changes nothing\n")
+
+
+@pytest.mark.anyio
+async def test_the_replay_message_matches_what_runs(tmp_path: Path) -> None:
+    registry = durable.Registry()
+    executed: list[str] = []
+    broken = {"three"}
+    _define(registry, executed, broken)
+    async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+        async with durable.testing.running_worker(client):
+            await client.start("steps.three", id="r")
+            assert (await client.wait("r")).state is RunState.FAILED
+            with pytest.raises(durable.ConfigError, match="no step 4"):
+                await client.replay("r", from_step=4)  # the API refuses too
+            with pytest.raises(durable.ConfigError):
+                await client.replay("r", from_step=0)
+            assert (await client.get("r")).state is RunState.FAILED
+            entries = await client.journal("r")
+            message = describe_replay("r", entries, 2)
+            assert "step 2 and every later step will run again" in message
+            assert "step 1 will not run again" in message
+            broken.clear()
+            executed.clear()
+            await client.replay("r", from_step=2)
+            assert (await client.wait("r")).state is RunState.COMPLETED
+    assert executed == ["two", "three"]  # as the message said: not step 1
+
+
+@pytest.mark.anyio
+async def test_in_doubt_steps_and_the_chosen_resolution(tmp_path: Path) -> None:
+    registry = durable.Registry()
+    executed: list[str] = []
+    gate = anyio.Event()
+    _define(registry, executed, set(), gate)
+    async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+        async with durable.testing.running_worker(client):
+            await client.start("steps.three", id="d")
+            with anyio.fail_after(10):
+                while executed != ["one", "two"]:
+                    await anyio.sleep(0.01)  # bounded poll: step 2 is in flight
+            await client.cancel("d")
+            assert (await client.wait("d")).state is RunState.CANCELLED
+            entries = await client.journal("d")
+            undecided = describe_replay("d", entries)
+            assert "step 1 will not run again" in undecided
+            assert "step 2 in doubt: each runs again if its activity has on_doubt='retry'" \
+                in undecided
+            assert "(in doubt) will run again" in describe_replay(
+                "d", entries, in_doubt="rerun")
+            accepted = describe_replay("d", entries, in_doubt="accept")
+            assert "step 2 (in doubt) will count as done, accepted by an operator" in accepted
+            executed.clear()
+            await client.replay("d", in_doubt="accept")
+            run = await client.wait("d")
+    assert run.state is RunState.COMPLETED
+    assert executed == ["three"]  # step 2 was not run again: it counted as done
