@@ -325,6 +325,8 @@ def _common(parser: argparse.ArgumentParser, *, console: bool = False) -> None:
     parser.add_argument(
         "--traceback", action="store_true",
         help="on an error, print the full Python traceback too (or set DURABLE_TRACEBACK=1)")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
+                        help="event loop to run on (the PostgreSQL store needs asyncio)")
 
 
 def _import_option(parser: argparse.ArgumentParser) -> None:
@@ -353,8 +355,6 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
                         help="the least severe log lines shown")
-    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
-                        help="event loop to run on (the PostgreSQL store needs asyncio)")
     parser.set_defaults(func=_cmd_worker)
 
 
@@ -467,7 +467,7 @@ def _want_traceback(args: argparse.Namespace) -> bool:
 
 def _dispatch(args: argparse.Namespace) -> int:
     try:
-        result: int = anyio.run(args.func, args, backend=getattr(args, "backend", "asyncio"))
+        result: int = anyio.run(args.func, args, backend=args.backend)
         return result
     except DurableError as exc:
         if _want_traceback(args):
