@@ -370,6 +370,8 @@ class _View:
         self.width = width
         self.color = color
         self.lines: list[str] = []
+        self.act = 8
+        """The activity column's width, fitted to the names and the width."""
 
     def add(self, *segments: Segment) -> None:
         self.lines.append(_fit(segments, self.width, self.color))
@@ -461,12 +463,14 @@ class _View:
                      (f"step {s.number} {s.activity} after {tries(s.tries)}, error above",
                       None))
             links.append(s.number)
+        finished = run.state in (RunState.FAILED, RunState.CANCELLED)
         for s in report.in_doubt:
-            self.add(("  in doubt: ", "in_doubt"),
-                     (f"step {s.number} {s.activity}: check whether it took effect before "
-                      "replaying", None))
+            what = ("check whether it took effect before replaying" if finished else
+                    "the next attempt runs it again or fails, as its on_doubt says")
+            self.add(("  in doubt: ", "in_doubt"), (f"step {s.number} {s.activity}: {what}",
+                                                     None))
             links.append(s.number)
-        if run.state in (RunState.FAILED, RunState.CANCELLED):
+        if finished:
             options = "  [--rerun-in-doubt | --accept-in-doubt]" if report.in_doubt else ""
             self.add(("  replay: ", None), (f"python -m durable replay {run.id}{options}", None))
         for number in links:

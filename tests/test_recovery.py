@@ -204,6 +204,6 @@ async def test_show_prints_the_recovery_report_of_an_in_doubt_run(
     text = durable.render_timeline(recovered, await fclient.journal(run.id),
                                    console_url="https://console.example")
     assert "done (not repeated by a replay): step 1\n" in text
-    assert "in doubt: step 2 force_push" in text
+    assert "in doubt: step 2 force_push: the next attempt runs it again or fails" in text
     assert "https://console.example/runs/job-1#step-2" in text
     assert "python -m durable show job-1 --step 2" in text
