@@ -135,3 +135,27 @@ async def test_quick_start_runs_verbatim(tmp_path: Path) -> None:
 def blocks_of(markdown: str) -> list[tuple[str, str]]:
     return [(m["lang"], m["body"]) for m in BLOCK.finditer(markdown)]
 
+
+
+def test_readme_command_line_lists_every_command_and_option() -> None:
+    import argparse
+
+    from durable._cli import build_parser, worker_parser
+
+    text = section(ROOT / "README.md", "### Command line")
+    common = {"--db", "--traceback", "--backend", "--help", "-h"}
+
+    def options(parser: argparse.ArgumentParser) -> set[str]:
+        return {flag for action in parser._actions for flag in action.option_strings
+                if flag.startswith("--")} - common
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        assert f"python -m durable {name}" in text, name
+        if name != "worker":
+            for flag in options(parser):
+                assert flag in text, f"README's command line block lacks {name} {flag}"
+    for flag in options(worker_parser()):
+        assert flag in text, f"README's command line block lacks worker {flag}"
+    for flag in common - {"-h"}:
+        assert flag in text
