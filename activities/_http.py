@@ -70,7 +70,14 @@ class ApiTransport:
                 method, url, params=params, json=json_body, headers=all_headers
             )
         except httpx.TransportError as exc:
-            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            # ctx.http already named the target in exc; this error names method and URL
+            # itself, so it takes the driver's own message (exc's cause) to say it once
+            cause = exc.__cause__ if isinstance(exc.__cause__, httpx.TransportError) else exc
+            detail = type(exc).__name__
+            if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+                detail += ": cannot connect"
+            if str(cause):
+                detail += f": {cause}"
             raise ServiceUnreachableError(None, method, url, detail) from exc
 
 
