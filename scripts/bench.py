@@ -779,7 +779,7 @@ def open_postgres(args: argparse.Namespace) -> tuple[PgServer | None, str | None
     try:
         pg = PgServer(args.pg_url)
     except ImportError:
-        return None, "psycopg is not installed (pip install 'durable[postgres]')"
+        return None, "psycopg is not installed (pip install 'durable-fenced[postgres]')"
     why = pg.unreachable()
     if why:
         return None, f"no PostgreSQL server reachable at {redact(pg.url)}: {why}"
