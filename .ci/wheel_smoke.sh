@@ -4,7 +4,9 @@
 set -euo pipefail
 checkout="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
-trap 'kill "${worker:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+worker=""
+# (never `kill 0`: that signals this whole process group, CI included)
+trap '[ -n "$worker" ] && kill "$worker" 2>/dev/null; rm -rf "$work"' EXIT
 unset PYTHONPATH DURABLE_DB DURABLE_IMPORT
 
 python3 -m pip wheel -q --no-deps "$checkout" -w "$work/dist" 2>"$work/wheel.log" \
