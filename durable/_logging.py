@@ -26,11 +26,18 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import IO, Any
 
+_AUTH_SCHEMES = ("bearer|basic|token|digest|negotiate|ntlm|bot|apikey|hoba|mutual"
+                 "|aws4-hmac-sha256")
 _SECRET_PATTERNS = [
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 [redacted]"),
-    (re.compile(r"(?i)\b((?:access_|api_|auth_)?token|api_?key|secret|password)"
+    # a bearer token, Coolify's ``<id>|<token>`` form included
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=|-]+"), r"\1 [redacted]"),
+    # ``token=``, ``api_key:``, ``xi-api-key:`` (ElevenLabs), ``x-api-key:``, ``password=``...
+    (re.compile(r"(?i)\b((?:access_|api_|auth_)?token|api[_-]?key|secret|password)"
                 r"([\"']?\s*[:=]\s*[\"']?)[^\s\"',}&]+"), r"\1\2[redacted]"),
-    (re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)[^'\",}\s]+(\s+[^'\",}\s]+)?"),
+    # ``Authorization: <scheme> <credentials>`` or ``Authorization: <credentials>``: the
+    # scheme word is taken only when it is an auth scheme, so the next word of the text stays
+    (re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)"
+                rf"(?:(?:{_AUTH_SCHEMES})\s+)?[^'\",}}\s)]+"),
      r"\1[redacted]"),
     (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey|key|password|secret)=)[^&\s'\"]+"),
      r"\1[redacted]"),
@@ -38,7 +45,7 @@ _SECRET_PATTERNS = [
 ]
 # a field or ``extra`` key that names a credential (``authorization``, ``api_token``,
 # ``client_secret``, ``db_password``...) is blanked whatever its value
-_SECRET_KEY = re.compile(r"(?i)(?:.*_)?(?:authorization|token|password|passwd|secret|api_?key"
+_SECRET_KEY = re.compile(r"(?i)(?:.*[_-])?(?:authorization|token|password|passwd|secret|api[_-]?key"
                          r"|headers|cookie|credentials?)")
 _REDACTED = "[redacted]"
 ROOT = "durable"
@@ -47,7 +54,8 @@ logging.getLogger(ROOT).addHandler(logging.NullHandler())
 
 
 def redact(text: str) -> str:
-    """Remove credentials (bearer tokens, Authorization values, URL passwords) from text."""
+    """Remove credentials (bearer tokens, Authorization values, API keys, URL passwords)
+    from text."""
     for pattern, replacement in _SECRET_PATTERNS:
         text = pattern.sub(replacement, text)
     return text
