@@ -487,7 +487,8 @@ def _delivery_unknown(exc: ServiceError) -> bool:
 
 
 @durable.activity("notify.send", timeout=HTTP_TIMEOUT,
-                  retry=durable.RetryPolicy(max_tries=3, initial_delay=0.5, max_delay=10),
+                  retry=durable.RetryPolicy(max_tries=3, initial_delay=0.5, max_delay=10,
+                                            non_retryable=(TimeoutError,)),
                   on_doubt="fail")
 async def notify(ctx: durable.ActivityContext, message: dict[str, Any]) -> dict[str, str]:
     """Post ``message`` to the configured hook (``DURABLE_NOTIFY_HOOK``).
@@ -496,9 +497,10 @@ async def notify(ctx: durable.ActivityContext, message: dict[str, Any]) -> dict[
     or a recovered attempt never sends a completed notification again. Within the step,
     every try carries the same idempotency key, and a try is repeated only when the message
     surely did not arrive (connection refused, 429, 503); when it may have arrived (a 5xx,
-    a timeout, a dropped connection) the step fails instead of risking a duplicate, and a
-    send cut off by a crash is in doubt (``on_doubt="fail"``): an operator checks the hook
-    and replays with ``--accept-in-doubt`` or ``--rerun-in-doubt``.
+    a read timeout, this activity's own timeout, a dropped connection) the step fails
+    instead of risking a duplicate (``TimeoutError`` is ``non_retryable``), and a send cut
+    off by a crash is in doubt (``on_doubt="fail"``): an operator checks the hook and
+    replays with ``--accept-in-doubt`` or ``--rerun-in-doubt``.
     """
     cfg = config.service("notify")
     hook = config.notify_hook()

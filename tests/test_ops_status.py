@@ -9,10 +9,12 @@ from __future__ import annotations
 import anyio
 import pytest
 
+import durable
 from durable import RunState
 from workflows import reset_status, run_status
 from workflows.status import MESSAGES, status_of
 
+from .helpers import running_worker
 from .ops import Ops, ops_fixture  # noqa: F401
 
 pytestmark = pytest.mark.anyio
@@ -52,3 +54,44 @@ async def test_a_delayed_reset_can_be_cancelled_in_its_grace_period(ops: Ops) ->
     await ops.client.cancel(run.id)
     assert await reset_status(ops.client, "slot-9") == "cancelled"
     assert ops.services.ledger() == []  # nothing was touched
+
+
+async def test_a_reset_whose_last_notification_failed_reads_done_the_slot_is_vacant(
+        ops: Ops) -> None:
+    """The finished notification fails after the fenced write that marked the slot vacant:
+    the screen must not say "failed, the slot stays occupied" (issue 8, #15)."""
+    await ops.slot("slot-3")
+    ops.services.add_fault("/hooks/slots", method="POST", status=500)
+    done = await ops.run("slot.reset", "slot-3", key="slot-3", id="reset-3")
+    assert (await ops.record("slot-3")).occupancy == "vacant"
+    assert await reset_status(ops.client, "slot-3") == "done"
+    assert done.state is RunState.COMPLETED, done.error
+    assert done.result["state"] == "vacant" and done.result["notified"] is False
+
+
+async def test_a_reset_cancelled_after_the_vacant_write_reads_done(ops: Ops) -> None:
+    """The status follows the slot record this run wrote, not only the run's state."""
+    await ops.slot("slot-4")
+    ops.services.add_fault("/hooks/slots", method="POST", hang=True)
+    await ops.client.start("slot.reset", "slot-4", key="slot-4", id="reset-4")
+    async with running_worker(ops.client, durable.default_registry):
+        await ops.services.wait_for_entry(lambda e: e["path"] == "/hooks/slots")
+        assert await reset_status(ops.client, "slot-4") == "done"  # vacant, notifying
+        await ops.client.cancel("reset-4")
+        done = await ops.client.wait("reset-4", timeout=30)
+    assert done.state is RunState.CANCELLED
+    assert (await ops.record("slot-4")).occupancy == "vacant"
+    assert await reset_status(ops.client, "slot-4") == "done"
+
+
+async def test_a_failed_reset_of_an_occupied_slot_reads_failed(ops: Ops) -> None:
+    await ops.slot("slot-5")
+    ops.services.add_fault("/api/v1/databases/db-slot-5", method="DELETE", status=403)
+    done = await ops.run("slot.reset", "slot-5", key="slot-5", id="reset-5")
+    assert done.state is RunState.FAILED
+    assert (await ops.record("slot-5")).occupancy == "occupied"
+    assert await reset_status(ops.client, "slot-5") == "failed"
+    # a slot left vacant by an *earlier* run does not make this run's failure a success
+    await ops.client.store.put_records(None, [("slot", "slot-5", (await ops.record(
+        "slot-5")).evolve(occupancy="vacant", updated_by="someone-else").to_json())])
+    assert await reset_status(ops.client, "slot-5") == "failed"

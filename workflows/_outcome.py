@@ -6,7 +6,11 @@ import attrs
 
 import durable
 
-__all__ = ["collapse", "failure_report", "outcome_key"]
+__all__ = ["FAILURE_PATH", "collapse", "failure_report", "outcome_key"]
+
+
+FAILURE_PATH = "failed-"
+"""Every step key of a failure path starts with this (``failed-...-record``, ``-notify``)."""
 
 
 async def failure_report(ctx: durable.WorkflowContext, headline: str,
@@ -20,18 +24,28 @@ async def failure_report(ctx: durable.WorkflowContext, headline: str,
     report = await ctx.recovery_report()
     error = None if report.failed or report.in_doubt else f"{type(exc).__name__}: {exc}"
     report = attrs.evolve(report, state="failed", error=error)
-    return f"{headline}\n{report.text()}", outcome_key(ctx, report)
+    return f"{headline}\n{report.text()}", outcome_key(report, exc)
 
 
-def outcome_key(ctx: durable.WorkflowContext, report: durable.RecoveryReport) -> str:
+def outcome_key(report: durable.RecoveryReport, exc: BaseException) -> str:
     """A step key naming *this* failure: the failed / in-doubt steps and their try counts.
 
     The failure path's steps (the slot record, the notification) are keyed by it, so a
     re-execution of the same failure finds them journaled and sends nothing again, while a
     replay that fails anew (new tries) records and reports the new failure once.
+
+    The key is made only of what the re-execution of one failure cannot change: the failure
+    path's own steps are left out (a send cut off by a crash is in doubt after resuming, and
+    counting it would name a second outcome, so a second message under a second idempotency
+    key), and a failure that is no step's (a bad slot, say) is named by its type and the
+    steps done before it, never by the attempt number (a recovery adds an attempt).
     """
-    parts = [f"{s.number}.{s.tries}" for s in (*report.failed, *report.in_doubt)]
-    return "failed-" + ("-".join(parts) if parts else f"attempt{ctx.attempt}")
+    parts = [f"{s.number}.{s.tries}" for s in (*report.failed, *report.in_doubt)
+             if not s.key.startswith(FAILURE_PATH)]
+    if parts:
+        return FAILURE_PATH + "-".join(parts)
+    done = [s for s in report.completed if not s.key.startswith(FAILURE_PATH)]
+    return f"{FAILURE_PATH}{type(exc).__name__}-after{len(done)}"
 
 
 def collapse(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -46,7 +46,11 @@ async def reset(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, Any]:
     already deleted, what failed, links to each step), and the user is notified once with
     the same report; the run then fails. The "finished" notification is sent only after the
     fenced write that marks the slot vacant, and never after a failure was reported for the
-    same outcome. A bad slot or configuration fails the run before anything is touched.
+    same outcome; if it cannot be delivered the run still completes (the slot *is* vacant),
+    its result saying ``"notified": false`` and why. Each outcome's notification is one
+    keyed step (``finished-notify``, ``failed-...-notify``), sent once: a send cut off by a
+    crash is in doubt and not sent again. A bad slot or configuration fails the run before
+    anything is touched.
     """
     await steps.check_config(ctx, ["paas", "githost", "git", "notify"])
     slot = await load_slot(ctx, slot_name)
@@ -80,20 +84,33 @@ async def reset(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, Any]:
         await _notify_quietly(ctx, {"outcome": "reset_failed", "slot": slot_name,
                                     "run": ctx.workflow_id, "text": text}, key=f"{key}-notify")
         raise
-    await steps.notify(ctx, {"outcome": "reset_finished", "slot": slot_name,
-                             "run": ctx.workflow_id,
-                             "text": f"Reset of {slot_name} finished; the slot is vacant."})
-    return {"slot": slot_name, "state": "vacant", "sha": pushed["sha"]}
+    # the slot is vacant from here on, whatever the notifier does: a failed "finished"
+    # notification is journaled and reported in the result, never turned into "failed,
+    # the slot stays occupied"
+    unsent = await _notify_quietly(
+        ctx, {"outcome": "reset_finished", "slot": slot_name, "run": ctx.workflow_id,
+              "text": f"Reset of {slot_name} finished; the slot is vacant."},
+        key="finished-notify")
+    result: dict[str, Any] = {"slot": slot_name, "state": "vacant", "sha": pushed["sha"],
+                              "notified": unsent is None}
+    if unsent is not None:
+        result["notify_error"] = unsent
+    return result
 
 
 async def _notify_quietly(ctx: durable.WorkflowContext, message: dict[str, Any],
-                          key: str) -> None:
-    """Send a failure notification; if that fails too, the journal has it, and the run
-    fails with its original error, not the notifier's."""
+                          key: str) -> str | None:
+    """Send a notification; answers None, or why it was not (surely) delivered.
+
+    A failed notification is in the journal (its step failed, or is in doubt); the run goes
+    on to the outcome it already has: a failed reset fails with its original error, not the
+    notifier's, and a finished one finishes.
+    """
     try:
         await ctx.step(steps.notify, message, key=key)
-    except durable.DurableError:
-        pass
+    except durable.DurableError as exc:
+        return str(exc)
+    return None
 
 
 @durable.workflow("slot.teardown")

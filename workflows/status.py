@@ -12,6 +12,8 @@ from typing import Literal
 
 import durable
 
+from .records import read_slot
+
 __all__ = ["MESSAGES", "Status", "reset_status", "run_status", "status_of"]
 
 Status = Literal["done", "failed", "cancelled", "running", "unknown"]
@@ -40,8 +42,21 @@ def status_of(run: durable.Run | None) -> Status:
 
 
 async def reset_status(client: durable.Client, slot: str) -> Status:
-    """The status of the latest ``slot.reset`` of ``slot``, by a direct query."""
-    return status_of(await client.latest("slot.reset", slot))
+    """The status of the latest ``slot.reset`` of ``slot``, by a direct query.
+
+    What the user is told about the slot follows the slot's record, not only the run's
+    state: once the reset's fenced write has marked the slot vacant (the record says so,
+    written by this run), the reset is ``"done"``, even if the run then failed, was
+    cancelled or is still sending its notification. Otherwise the run's state decides, so
+    ``"failed"`` ("the slot stays occupied") is said only of a slot this run did not vacate.
+    """
+    run = await client.latest("slot.reset", slot)
+    if run is None:
+        return "unknown"
+    record = await read_slot(client, slot)
+    if record is not None and record.updated_by == run.id and record.occupancy == "vacant":
+        return "done"
+    return status_of(run)
 
 
 async def run_status(client: durable.Client, run_id: str) -> Status:
