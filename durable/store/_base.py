@@ -52,6 +52,12 @@ class Store(abc.ABC):
     async def schema_version(self) -> int:
         """The schema version of the database (0 for an empty one)."""
 
+    async def now(self) -> float:
+        """The time leases are judged by, in seconds since the epoch: the store clock's
+        (PostgreSQL without an injected clock: the server's). Compare stored times with
+        this, never with the local wall clock."""
+        return self.clock.now()
+
     # -- runs --------------------------------------------------------------------------------
     @abc.abstractmethod
     async def create_run(self, new: NewRun) -> tuple[Run, bool]:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .._clock import Clock, WallClock
+from .._clock import Clock, default_sqlite_clock
 from .._errors import SchemaVersionError, StoreError, StoreUnavailableError
 from .._types import (
     JSON,
@@ -70,7 +70,8 @@ class SqliteStore(Store):
     ) -> None:
         self.path = path
         self.url = f"sqlite:///{path}"
-        self.clock = clock or WallClock()
+        # leases are judged on a clock that cannot step (durable/_clock.py, BootClock)
+        self.clock = clock or default_sqlite_clock()
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise StoreUnavailableError(f"unknown synchronous setting {synchronous!r}")
         self._synchronous = synchronous.upper()
@@ -149,6 +150,9 @@ class SqliteStore(Store):
         self._db = db
         try:
             await self._run(self._migrate)
+            bind = getattr(self.clock, "bind_sqlite", None)
+            if bind is not None:  # the host's one clock: this boot's anchor, stored once
+                await bind(self._run)
             await anyio.to_thread.run_sync(db.start_inline)
         except BaseException:
             await self.aclose()
