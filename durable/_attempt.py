@@ -167,7 +167,7 @@ class Attempt:
         if not self.holds_lease():
             raise self._refuse()
         run = await self.store.get_run(self.run.id)
-        now = self.store.clock.now()
+        now = await self.store.now()  # the store's time, never this host's wall clock
         if (
             run is None
             or run.epoch != self.run.epoch

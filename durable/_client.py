@@ -78,18 +78,16 @@ class Client:
             raise ConfigError("a run id must be a non-empty string")
         if run_at is not None and delay is not None:
             raise ConfigError("give run_at or delay, not both")
-        now = self.store.clock.now()
-        when = now
+        if delay is not None and delay < 0:
+            raise ConfigError("delay must not be negative")
         if isinstance(run_at, dt.datetime):
             if run_at.tzinfo is None:
                 raise ConfigError("run_at must be timezone-aware")
             when = run_at.timestamp()
         elif run_at is not None:
             when = float(run_at)
-        elif delay is not None:
-            if delay < 0:
-                raise ConfigError("delay must not be negative")
-            when = now + delay
+        else:  # the store's time (PostgreSQL: the server's), which claims compare run_at with
+            when = await self.store.now() + (delay or 0.0)
         run_id = id or f"{name}-{uuid.uuid4().hex[:12]}"
         run, created = await self.store.create_run(
             NewRun(run_id, name, arg_list, key, when, timeout))
@@ -108,7 +106,7 @@ class Client:
         if (
             run.state is RunState.RUNNING
             and run.lease_expires_at is not None
-            and run.lease_expires_at <= self.store.clock.now()
+            and run.lease_expires_at <= await self.store.now()
         ):
             recovered = await self.store.recover_stale(run.id, run.epoch)
             if recovered:

@@ -16,12 +16,13 @@ writes hold only while the run is running under the epoch with an unexpired leas
 lock their candidates with ``FOR UPDATE SKIP LOCKED`` so workers compete without blocking,
 and epochs come from one sequence, so fencing tokens are globally monotonic and distinct.
 
-Time: like the SQLite store, every statement is given the store clock's ``now()`` (an
-injected :class:`durable.testing.FakeClock` works the same on both). Leases are written by
-one host's clock and judged by another's, so the hosts of a multi-host deployment must keep
-their clocks in sync (NTP keeps them within milliseconds; leases are tens of seconds). A
-host whose clock runs ahead recovers runs early, one whose clock lags keeps writing a little
-after its lease ended; size leases well above the worst skew you allow.
+Time: leases are written and judged by the server's clock, in SQL: ``%(now)s`` in
+queries.sql stands for :data:`SERVER_NOW`, which is the server's ``clock_timestamp()`` (the
+present, not the transaction's start) unless a clock was injected (a
+:class:`durable.testing.FakeClock` in tests), whose time the store then passes. So the
+workers' and readers' own clocks take no part: a host whose clock is off or steps neither
+recovers live runs nor writes past its lease. What remains is a step of the server's own
+clock (docs/design.md, "Clocks").
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ from .._types import (
 from ._base import SCHEMA_VERSION, Store
 from ._sql import load_migrations, load_queries
 
-Q = load_queries("postgres")
+SERVER_NOW = "coalesce(%(now)s::double precision, extract(epoch from clock_timestamp()))"
+"""What ``%(now)s`` in queries.sql becomes: the injected clock's time when the store passes
+one, else (``now`` is None) the server's clock when the statement reads it."""
+
+Q = {name: query.replace("%(now)s", SERVER_NOW)
+     for name, query in load_queries("postgres").items()}
 
 CHANNEL = "durable_work"
 """The NOTIFY channel; the payload is the schema of the store that has work."""
@@ -87,7 +93,10 @@ class PostgresStore(Store):
         if pool_size < 1:
             raise ConfigError(f"pool_size must be at least 1, got {pool_size}")
         self._conninfo, self.schema, self.url, self._secrets = _parse_url(url)
+        # without an injected clock, time is the server's (SERVER_NOW); self.clock is then
+        # only this host's estimate, for display
         self.clock = clock or WallClock()
+        self._server_time = clock is None
         self.pool_size = pool_size
         self._create = create
         self._pool: AsyncConnectionPool[Conn] | None = None
@@ -245,6 +254,19 @@ class PostgresStore(Store):
                 f"cannot reach PostgreSQL at {self._address()} ({self.url}): {message}")
         return StoreError(f"PostgreSQL at {self.url}: {message}")
 
+    # -- time ------------------------------------------------------------------------------
+    def _now(self) -> float | None:
+        """``%(now)s`` for a statement: None lets the server's clock judge (SERVER_NOW)."""
+        return None if self._server_time else self.clock.now()
+
+    async def now(self) -> float:
+        if not self._server_time:
+            return self.clock.now()
+        row = await self._row(Q["now"], {"now": None})
+        if row is None or row["now"] is None:
+            raise StoreError("the server did not say what time it is")
+        return float(row["now"])
+
     # -- runs --------------------------------------------------------------------------------
     async def create_run(self, new: NewRun) -> tuple[Run, bool]:
         data = {"workflow": new.workflow, "args": new.args, "key": new.key,
@@ -256,7 +278,7 @@ class PostgresStore(Store):
             "key": new.key,
             "run_at": new.run_at,
             "timeout": new.timeout,
-            "now": self.clock.now(),
+            "now": self._now(),
             "data": dumps(data, "journal data"),
         }
         row = await self._row(Q["insert_run"], params)
@@ -308,7 +330,7 @@ class PostgresStore(Store):
     ) -> list[Run]:
         params = {"worker": worker, "lease": lease, "limit": limit, "run_id": run_id,
                   "workflows": None if workflows is None else list(workflows),
-                  "now": self.clock.now(), "data": dumps({"worker": worker})}
+                  "now": self._now(), "data": dumps({"worker": worker})}
         async with self._connection() as conn:
             try:
                 cur = await conn.execute(Q["claim"], params)
@@ -333,7 +355,7 @@ class PostgresStore(Store):
         params = {
             "worker": worker,
             "lease": lease,
-            "now": self.clock.now(),
+            "now": self._now(),
             "ids": [f.run_id for f in held],
             "epochs": [f.epoch for f in held],
             "details": dumps({k: dumps(v) for k, v in (details or {}).items()}),
@@ -346,7 +368,7 @@ class PostgresStore(Store):
     async def append(self, fence: Fence, entries: Sequence[JournalWrite]) -> bool:
         if not entries:
             return True
-        params = _fence_params(fence, self.clock.now()) | _entry_arrays(entries)
+        params = _fence_params(fence, self._now()) | _entry_arrays(entries)
         async with self._connection() as conn:
             cur = await conn.execute(Q["append_entries"], params)
             return cur.rowcount == len(entries)
@@ -360,7 +382,7 @@ class PostgresStore(Store):
         error: str | None = None,
         entries: Sequence[JournalWrite] = (),
     ) -> bool:
-        params = _fence_params(fence, self.clock.now()) | _entry_arrays(entries) | {
+        params = _fence_params(fence, self._now()) | _entry_arrays(entries) | {
             "state": state.value,
             "result": dumps(result, "workflow result"),
             "error": error,
@@ -369,14 +391,14 @@ class PostgresStore(Store):
         return row is not None and row["done"] == 1
 
     async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
-        params = _fence_params(fence, self.clock.now()) | _entry_arrays(entries)
+        params = _fence_params(fence, self._now()) | _entry_arrays(entries)
         row = await self._row(Q["release_run"], params)
         return row is not None and row["done"] == 1
 
     async def recover_stale(
         self, run_id: str | None = None, epoch: int | None = None
     ) -> list[Fence]:
-        params = {"run_id": run_id, "epoch": epoch, "now": self.clock.now()}
+        params = {"run_id": run_id, "epoch": epoch, "now": self._now()}
         return [Fence(r["id"], int(r["epoch"]))
                 for r in await self._rows(Q["recover_stale"], params)]
 
@@ -386,7 +408,7 @@ class PostgresStore(Store):
 
     # -- operator actions ---------------------------------------------------------------------
     async def request_cancel(self, run_id: str) -> Run | None:
-        params = {"run_id": run_id, "now": self.clock.now(), "data": dumps({"by": "operator"})}
+        params = {"run_id": run_id, "now": self._now(), "data": dumps({"by": "operator"})}
         row = await self._row(Q["cancel_queued"], params)
         if row is None:
             row = await self._row(Q["cancel_running"], params)
@@ -395,7 +417,7 @@ class PostgresStore(Store):
     async def requeue(
         self, run_id: str, replay_from: int | None, doubt_policy: str | None
     ) -> Run | None:
-        params = {"run_id": run_id, "now": self.clock.now(),
+        params = {"run_id": run_id, "now": self._now(),
                   "data": dumps({"from_step": replay_from, "in_doubt": doubt_policy})}
         row = await self._row(Q["requeue"], params)
         return None if row is None else Run.from_row(row)
@@ -407,7 +429,7 @@ class PostgresStore(Store):
         records: Sequence[tuple[str, str, JSON]],
         entries: Sequence[JournalWrite] = (),
     ) -> bool:
-        now = self.clock.now()
+        now = self._now()
         # One row per key (the last value wins), as if written one after the other.
         latest = {(ns, key): dumps(value, "record value") for ns, key, value in records}
         arrays = {
@@ -511,7 +533,7 @@ class _Fenced(Exception):
     """Raised inside a transaction whose fence failed, to roll it back."""
 
 
-def _fence_params(fence: Fence, now: float) -> dict[str, Any]:
+def _fence_params(fence: Fence, now: float | None) -> dict[str, Any]:
     return {"run_id": fence.run_id, "epoch": fence.epoch, "now": now}
 
 

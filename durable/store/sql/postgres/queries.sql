@@ -1,5 +1,7 @@
 -- Named queries of the PostgreSQL store. Each claim and state change is one statement.
--- Parameters are psycopg's %(name)s. Times are the store clock's, passed as %(now)s.
+-- Parameters are psycopg's %(name)s. %(now)s is the time: the store replaces it with
+-- SERVER_NOW (durable/store/_postgres.py), the server's clock_timestamp() unless a clock was
+-- injected (tests), whose time is then passed.
 -- A fenced statement holds only while the run is running under the attempt's epoch and its
 -- lease has not expired. Fence checks that do not update the run lock it (FOR NO KEY
 -- UPDATE), so a concurrent recovery or claim waits for them and then sees their writes:
@@ -252,3 +254,7 @@ SELECT * FROM durable_records WHERE namespace = %(namespace)s AND key = %(key)s;
 
 -- name: list_records
 SELECT * FROM durable_records WHERE namespace = %(namespace)s ORDER BY key;
+
+-- name: now
+-- The time leases are judged by (Store.now()).
+SELECT %(now)s AS now;

@@ -1,0 +1,138 @@
+"""Leases judged by the PostgreSQL server's clock (issue 8, item 5).
+
+With no injected clock, the PostgreSQL store's statements read the time in SQL
+(``clock_timestamp()``), so a step of a worker's or a reader's wall clock changes nothing:
+not the lease a claim or renewal writes, not the fence of a write, not a recovery's verdict,
+not when a started run is due.
+
+The wall clock is stepped by patching this process's ``time.time`` (stepping the machine's
+clock needs CAP_SYS_TIME and would step every process on this shared machine, the database
+server included); the server's clock is untouched, as it is when one worker's host steps.
+The store runs on asyncio only, so these tests do too (``tests/pg.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+import durable
+from durable import RunState
+from durable._types import EntryKind, Fence, JournalWrite
+
+from .helpers import poll, running_worker
+from .pg import TRIO_SKIP, connect_sync, pg_url, postgres_server
+
+__all__ = ["pg_url", "postgres_server"]  # fixtures, used by name
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.parametrize(
+        "anyio_backend",
+        ["asyncio", pytest.param("trio", marks=pytest.mark.skip(reason=TRIO_SKIP))],
+    ),
+]
+
+HOUR = 3600.0
+
+
+def step_wall_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + seconds)
+
+
+def server_now(url: str) -> float:
+    with connect_sync(url) as conn:
+        return float(conn.execute("SELECT extract(epoch from clock_timestamp())").fetchone()[0])
+
+
+async def test_a_forward_wall_step_does_not_let_a_reader_recover_a_live_run(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = durable.Registry()
+
+    @durable.workflow("noop", registry=registry)
+    async def noop(ctx: durable.WorkflowContext) -> None:
+        return None
+
+    async with durable.Client.connect(pg_url, registry=registry) as client:
+        await client.start("noop", id="r1")
+        [run] = await client.store.claim("worker-a", 30.0, 1)
+        step_wall_clock(monkeypatch, HOUR)
+        assert await client.store.recover_stale() == []
+        seen = await client.get("r1")  # the read path's recovery
+        assert seen.state is RunState.RUNNING and seen.epoch == run.epoch
+        assert await client.store.append(
+            Fence("r1", run.epoch), [JournalWrite(EntryKind.STEP_STARTED, step=1, name="x")])
+        # the renewal writes the server's time plus the lease, not this host's
+        [renewal] = await client.store.renew("worker-a", [Fence("r1", run.epoch)], 30.0)
+        assert renewal.epoch == run.epoch
+        renewed = await client.store.get_run("r1")
+        assert renewed is not None and renewed.lease_expires_at is not None
+        assert abs(renewed.lease_expires_at - (server_now(pg_url) + 30.0)) < 5.0
+
+
+async def test_store_now_is_the_servers_clock(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with durable.Client.connect(pg_url) as client:
+        step_wall_clock(monkeypatch, -HOUR)
+        before = server_now(pg_url)
+        now = await client.store.now()
+        after = server_now(pg_url)
+        assert before <= now <= after
+        # an injected clock still rules (tests): the store then passes its time
+    fake = durable.FakeClock(1_800_000_000.0)
+    async with durable.Client.connect(pg_url, clock=fake) as client:
+        assert await client.store.now() == 1_800_000_000.0
+
+
+async def test_a_run_started_by_a_host_whose_clock_is_ahead_is_due_at_once(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = durable.Registry()
+
+    @durable.workflow("noop", registry=registry)
+    async def noop(ctx: durable.WorkflowContext) -> None:
+        return None
+
+    step_wall_clock(monkeypatch, HOUR)
+    async with durable.Client.connect(pg_url, registry=registry) as client:
+        started = await client.start("noop", id="r1")
+        assert abs(started.run_at - server_now(pg_url)) < 5.0
+        assert [r.id for r in await client.store.claim("w", 30.0, 1)] == ["r1"]
+        delayed = await client.start("noop", id="r2", delay=60.0)
+        assert abs(delayed.run_at - (server_now(pg_url) + 60.0)) < 5.0
+
+
+async def test_a_worker_keeps_its_lease_while_the_wall_clock_jumps_an_hour(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: the worker's renewals, the attempt's own check (assert_still_mine), the
+    worker's sweep and a reader's recovery all judge on the server's clock."""
+    registry = durable.Registry()
+    stepped = anyio.Event()
+    waiting = anyio.Event()
+
+    @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
+    async def careful(ctx: durable.ActivityContext) -> str:
+        waiting.set()
+        await stepped.wait()
+        await ctx.assert_still_mine()
+        return "done"
+
+    @durable.workflow("careful", registry=registry)
+    async def wf(ctx: durable.WorkflowContext) -> str:
+        return await careful(ctx)
+
+    async with durable.Client.connect(pg_url, registry=registry) as client:
+        async with running_worker(client, registry, lease=5.0, sweep_interval=0.05):
+            await client.start("careful", id="c1")
+            await poll(waiting.is_set)
+            held = await client.get("c1")
+            step_wall_clock(monkeypatch, HOUR)
+            assert (await client.get("c1")).epoch == held.epoch  # the read path's recovery
+            stepped.set()
+            done = await client.wait("c1")
+        assert done.state is RunState.COMPLETED, done.error
+        assert done.result == "done"
+        journal = await client.journal("c1")
+        assert [e.kind for e in journal].count(EntryKind.RUN_CLAIMED) == 1
