@@ -12,6 +12,7 @@ from ._clock import Clock as Clock
 from ._clock import FakeClock as FakeClock
 from ._clock import WallClock as WallClock
 from ._context import FENCING_HEADER as FENCING_HEADER
+from ._context import FENCING_SCOPE_HEADER as FENCING_SCOPE_HEADER
 from ._context import IDEMPOTENCY_HEADER as IDEMPOTENCY_HEADER
 from ._context import ActivityContext as ActivityContext
 from ._context import WorkflowContext as WorkflowContext
@@ -55,6 +56,7 @@ from .store import store_from_url as store_from_url
 
 __all__ = [
     "FENCING_HEADER",
+    "FENCING_SCOPE_HEADER",
     "IDEMPOTENCY_HEADER",
     "Activity",
     "ActivityContext",

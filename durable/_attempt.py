@@ -19,10 +19,12 @@ import httpx
 
 from ._context import (
     FENCING_HEADER,
+    FENCING_SCOPE_HEADER,
     IDEMPOTENCY_HEADER,
     ActivityContext,
     HttpClient,
     WorkflowContext,
+    fencing_scope,
 )
 from ._errors import (
     ActivityError,
@@ -196,7 +198,8 @@ class Attempt:
         return HttpClient(
             transport=transport,
             headers={IDEMPOTENCY_HEADER: ctx.idempotency_key,
-                     FENCING_HEADER: str(self.run.epoch)},
+                     FENCING_HEADER: str(self.run.epoch),
+                     FENCING_SCOPE_HEADER: fencing_scope(self.run.id, self.run.key)},
             event_hooks={"request": [fence_request]},
             timeout=httpx.Timeout(30.0),
         )

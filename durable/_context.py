@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import httpx
 
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 FENCING_HEADER = "Durable-Fencing-Token"
+FENCING_SCOPE_HEADER = "Durable-Fencing-Scope"
+"""Where a service compares the fencing token: ``key:<concurrency key>``, or ``run:<id>`` for
+a run without a key (percent-encoded UTF-8; see docs/design.md, "The fencing token's scope")."""
+
+
+def fencing_scope(run_id: str, key: str | None) -> str:
+    """A run's fencing scope as sent in :data:`FENCING_SCOPE_HEADER` (always ASCII)."""
+    scope = f"run:{run_id}" if key is None else f"key:{key}"
+    return quote(scope, safe=":/@-._~")
 
 
 def _where(request: httpx.Request) -> tuple[str, str]:
@@ -172,11 +182,19 @@ class ActivityContext:
         return None if self._attempt is None else self._attempt.run.epoch
 
     @property
+    def fencing_scope(self) -> str | None:
+        """Where the token is compared (:data:`FENCING_SCOPE_HEADER`'s value)."""
+        if self._attempt is None:
+            return None
+        return fencing_scope(self._attempt.run.id, self._attempt.run.key)
+
+    @property
     def http(self) -> httpx.AsyncClient:
         """An httpx client bound to this attempt.
 
-        Every request carries ``Idempotency-Key: <workflow id>/<step key>`` and
-        ``Durable-Fencing-Token: <epoch>``, and is refused before it is sent
+        Every request carries ``Idempotency-Key: <workflow id>/<step key>``,
+        ``Durable-Fencing-Token: <epoch>`` and ``Durable-Fencing-Scope`` (where the token is
+        compared: the run's concurrency key, or the run), and is refused before it is sent
         (:class:`durable.LeaseLostError`) once the attempt no longer holds its lease.
         Cancelling the attempt or the step aborts a request in flight.
         """

@@ -44,10 +44,15 @@ Four services, each shaped after a real API, plus an admin surface:
   chat webhook: a double send shows up twice); ``GET /_admin/notifications`` lists them.
 
 Every API request needs ``Authorization: Bearer <token>`` (else 401) and is recorded in the
-ledger. A request may carry ``Idempotency-Key`` and ``Durable-Fencing-Token`` (an integer).
-For each resource (``app:<uuid>``, ``db:<uuid>``, ``repo:<ws>/<slug>``,
-``tts:<voice>[:<key>]``, ``hook:<name>``) the highest fencing token seen is kept; a request
-with a lower one is refused with 409 ``{"error": "stale fencing token"}``.
+ledger. A request may carry ``Idempotency-Key``, ``Durable-Fencing-Token`` (an integer) and
+``Durable-Fencing-Scope`` (where the token is compared: durable sends ``key:<concurrency
+key>``, or ``run:<id>`` for a run without a key; see docs/design.md). The highest token
+seen is kept per scope, whatever resource a request touches, and a request with a lower
+one in the same scope is refused with 409 ``{"error": "stale fencing token"}``: a
+superseded attempt is refused everywhere, and runs of different scopes (two slots' resets
+sharing the template repository and the hook) never fence each other. A token without a
+scope is compared per resource (``app:<uuid>``, ``db:<uuid>``, ``repo:<ws>/<slug>``,
+``tts:<voice>[:<key>]``, ``hook:<name>``).
 
 Faults act like a misbehaving proxy in front of the services: phase ``before`` hits the
 request before the service sees it, phase ``after`` lets the service act (delete, bill)
@@ -55,7 +60,8 @@ and then mangles the answer -- the ambiguous outcomes a durable engine must surv
 
 Admin (no auth): ``POST /_admin/seed``, ``POST|GET|DELETE /_admin/faults``,
 ``DELETE /_admin/faults/{id}``, ``GET /_admin/ledger``, ``GET /_admin/state``,
-``GET /_admin/notifications``, ``POST /_admin/reset``, ``GET /_admin/health``.
+``GET /_admin/notifications``, ``POST /_admin/release`` (drop the requests held by ``hang``
+faults), ``POST /_admin/reset``, ``GET /_admin/health``.
 
 Run: ``python scripts/fake_services.py --port 0 --git-root DIR --ready-file FILE``. The
 token comes from ``--token``, else ``$FAKE_SERVICES_TOKEN``, else ``test-token``; it is

@@ -193,6 +193,39 @@ async def test_lower_fencing_token_is_refused_and_recorded(
     assert fake_services.state()["fences"]["app:app-1"] == 8
 
 
+async def test_fencing_tokens_are_compared_within_their_scope_on_every_resource(
+    fake_services: FakeServices, http: httpx.AsyncClient
+) -> None:
+    """The documented rule (docs/design.md): a token is compared within its scope (the
+    run's concurrency key, or the run), across resources; other scopes are unrelated."""
+    fake_services.seed(applications=[SEED_APP, {"uuid": "app-2"}])
+
+    async def get(app: str, token: int, scope: str) -> int:
+        headers = {"Durable-Fencing-Token": str(token), "Durable-Fencing-Scope": scope}
+        return (await http.get(f"/api/v1/applications/{app}", headers=headers)).status_code
+
+    assert await get("app-1", 7, "key:slot-1") == 200
+    assert await get("app-2", 5, "key:slot-1") == 409  # superseded: refused on any resource
+    assert await get("app-1", 5, "key:slot-2") == 200  # another scope: unrelated
+    assert await get("app-1", 3, "run:r-9") == 200
+    assert await get("app-2", 7, "key:slot-1") == 200  # the newest attempt goes on
+    assert await get("app-2", 6, "key:slot-1") == 409
+    empty = await http.get("/api/v1/applications/app-1", headers={
+        "Durable-Fencing-Token": "9", "Durable-Fencing-Scope": ""})
+    assert empty.status_code == 400
+    entries = fake_services.ledger()
+    assert [(e["fencing_scope"], e["fencing_token"], e["refused"]) for e in entries[:6]] == [
+        ("key:slot-1", 7, False),
+        ("key:slot-1", 5, True),
+        ("key:slot-2", 5, False),
+        ("run:r-9", 3, False),
+        ("key:slot-1", 7, False),
+        ("key:slot-1", 6, True),
+    ]
+    fences = fake_services.state()["scope_fences"]
+    assert fences == {"key:slot-1": 7, "key:slot-2": 5, "run:r-9": 3}
+
+
 async def test_status_fault_with_retry_after_and_times(
     fake_services: FakeServices, http: httpx.AsyncClient
 ) -> None:

@@ -179,15 +179,20 @@ async def test_a_service_that_saw_a_newer_fencing_token_stops_the_attempt(ops: O
     """A 409 "stale fencing token" means a newer attempt holds the resource: this attempt
     stops at once (LeaseLostError), sending and writing nothing more."""
     await ops.slot("slot-10")
-    async with httpx.AsyncClient() as http:  # a newer attempt (token 999) reads the database
-        newer = await http.get(f"{ops.services.url}/api/v1/databases/db-slot-10", headers={
-            "Authorization": f"Bearer {ops.services.token}", durable.FENCING_HEADER: "999"})
-    assert newer.status_code == 200
+    db = "/api/v1/databases/db-slot-10"
+    ops.services.add_fault(db, method="DELETE", hang=True, times=1)
     await ops.client.start("slot.reset", "slot-10", id="reset-10", key="slot-10")
     async with running_worker(ops.client, durable.default_registry) as worker:
+        await ops.services.wait_for_entry(lambda e: e["path"] == db)  # the delete is held
+        async with httpx.AsyncClient() as http:  # meanwhile a newer attempt of the key
+            newer = await http.get(f"{ops.services.url}{db}", headers={
+                "Authorization": f"Bearer {ops.services.token}", durable.FENCING_HEADER: "999",
+                durable.FENCING_SCOPE_HEADER: "key:slot-10"})
+        assert newer.status_code == 200
+        ops.services.release()  # the held delete is dropped; its retry meets the fence
         await poll(lambda: worker.claimed == 1 and not worker.active)  # the attempt ended
     [refused] = [e for e in ops.services.ledger() if e["refused"]]
-    assert refused["method"] == "DELETE" and refused["path"] == "/api/v1/databases/db-slot-10"
+    assert refused["method"] == "DELETE" and refused["path"] == db
     assert ops.services.ledger()[-1]["seq"] == refused["seq"]  # nothing sent after it
     assert ops.services.notifications() == []
     assert len(ops.services.state()["databases"]) == 1

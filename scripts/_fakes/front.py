@@ -11,7 +11,15 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .state import FENCING_HEADER, IDEMPOTENCY_HEADER, STALE_FENCE, Fault, ServiceState, now
+from .state import (
+    FENCING_HEADER,
+    FENCING_SCOPE_HEADER,
+    IDEMPOTENCY_HEADER,
+    STALE_FENCE,
+    Fault,
+    ServiceState,
+    now,
+)
 
 _RESOURCES = [
     (re.compile(r"^/api/v1/applications/([^/]+)"), "app:{0}"),
@@ -66,6 +74,7 @@ class _Exchange:
             "resource": _resource_of(self.path, key),
             "idempotency_key": key,
             "fencing_token": None,
+            "fencing_scope": headers.get(FENCING_SCOPE_HEADER),
             "arrived_at": now(),
             "ended_at": None,
             "status": None,
@@ -151,6 +160,14 @@ class _Exchange:
         )
 
     async def _fence(self) -> bool:
+        """Refuse a superseded attempt: a token lower than the highest seen in its scope.
+
+        Tokens are compared only where they are related: within the request's fencing
+        scope (``Durable-Fencing-Scope``: the run's concurrency key, or the run), whatever
+        resource it touches, so unrelated runs sharing a resource (a hook, a template
+        repository) never fence each other. A token that names no scope is compared per
+        resource, the conservative reading for a client that does not say.
+        """
         raw = self.headers.get(FENCING_HEADER)
         if raw is None:
             return True
@@ -159,15 +176,22 @@ class _Exchange:
             return False
         token = int(raw)
         self.entry["fencing_token"] = token
-        resource = self.entry["resource"]
-        if resource is None:
+        scope = self.entry["fencing_scope"]
+        if scope is not None:
+            if not scope.strip():
+                await self._reply_json(400, {"error": "empty fencing scope"})
+                return False
+            fences, name = self.state.scope_fences, scope
+        elif self.entry["resource"] is not None:
+            fences, name = self.state.fences, self.entry["resource"]
+        else:
             return True
-        highest = self.state.fences.get(resource)
+        highest = fences.get(name)
         if highest is not None and token < highest:
             self.entry["refused"] = True
             await self._reply_json(409, STALE_FENCE)
             return False
-        self.state.fences[resource] = token
+        fences[name] = token
         return True
 
     async def _apply(self, fault: Fault, captured: list[Message] | None) -> bool:

@@ -237,6 +237,11 @@ class Handlers:
     async def admin_notifications(self, request: Request) -> Response:
         return JSONResponse({"notifications": self.state.notifications})
 
+    async def admin_release(self, request: Request) -> Response:
+        """Wake every request held by a ``hang`` fault: each is dropped (no answer)."""
+        self.state.release_all()
+        return JSONResponse({"ok": True})
+
     async def admin_reset(self, request: Request) -> Response:
         self.state.reset()
         return JSONResponse({"ok": True})
@@ -290,6 +295,7 @@ def routes(state: ServiceState) -> list[Route]:
         Route("/_admin/ledger", h.admin_ledger, methods=["GET"]),
         Route("/_admin/state", h.admin_state, methods=["GET"]),
         Route("/_admin/notifications", h.admin_notifications, methods=["GET"]),
+        Route("/_admin/release", h.admin_release, methods=["POST"]),
         Route("/_admin/reset", h.admin_reset, methods=["POST"]),
         Route("/_admin/health", h.admin_health, methods=["GET"]),
     ]

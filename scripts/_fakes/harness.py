@@ -108,6 +108,10 @@ class FakeServices:
         fault_id: str = self._call("POST", "/_admin/faults", rule)["id"]
         return fault_id
 
+    def release(self) -> None:
+        """Wake the requests held by ``hang`` faults; their connections are dropped."""
+        self._call("POST", "/_admin/release")
+
     def faults(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/_admin/faults")["faults"]
         return result

@@ -19,6 +19,7 @@ import anyio
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 FENCING_HEADER = "durable-fencing-token"
+FENCING_SCOPE_HEADER = "durable-fencing-scope"
 REPLAYED_HEADER = "idempotent-replayed"
 STALE_FENCE = {"error": "stale fencing token"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -159,6 +160,9 @@ class ServiceState:
     ledger: list[dict[str, Any]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     fences: dict[str, int] = field(default_factory=dict)
+    """The highest token seen per resource, for requests that name no fencing scope."""
+    scope_fences: dict[str, int] = field(default_factory=dict)
+    """The highest token seen per fencing scope (``Durable-Fencing-Scope``), any resource."""
     release: anyio.Event | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -192,7 +196,8 @@ class ServiceState:
         for workspace, slug in list(self.repositories):
             shutil.rmtree(self.repo_path(workspace, slug), ignore_errors=True)
         self.release_all()
-        for name in ("applications", "databases", "repositories", "tts", "fences"):
+        for name in ("applications", "databases", "repositories", "tts", "fences",
+                     "scope_fences"):
             getattr(self, name).clear()
         for name in ("orphaned_volumes", "notifications", "ledger", "faults"):
             getattr(self, name).clear()
@@ -205,6 +210,7 @@ class ServiceState:
             "repositories": list(self.repositories.values()),
             "orphaned_volumes": list(self.orphaned_volumes),
             "fences": dict(self.fences),
+            "scope_fences": dict(self.scope_fences),
             "tts": {
                 "billed_calls": self.billed_calls,
                 "billed_characters": self.billed_characters,
