@@ -55,6 +55,7 @@ class Repository:
     mainbranch: str | None
     clone_links: Mapping[str, str] = attrs.field(eq=False, repr=False)
     """Clone URLs by name ("https", "ssh"; the fake host gives "file", a local path)."""
+    description: str = attrs.field(default="", eq=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Repository:
@@ -69,6 +70,7 @@ class Repository:
             uuid=data.get("uuid"),
             mainbranch=mainbranch.get("name"),
             clone_links={str(link["name"]): str(link["href"]) for link in links},
+            description=str(data.get("description") or ""),
         )
 
     def clone_url(self, name: str | None = None) -> str:
