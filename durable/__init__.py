@@ -25,6 +25,7 @@ from ._errors import LeaseLostError as LeaseLostError
 from ._errors import NonDeterminismError as NonDeterminismError
 from ._errors import NonRetryableError as NonRetryableError
 from ._errors import NotJsonError as NotJsonError
+from ._errors import ResultUnknownError as ResultUnknownError
 from ._errors import RunConflictError as RunConflictError
 from ._errors import RunNotFoundError as RunNotFoundError
 from ._errors import SchemaVersionError as SchemaVersionError
@@ -35,6 +36,7 @@ from ._errors import UnknownWorkflowError as UnknownWorkflowError
 from ._history import StepView as StepView
 from ._logging import RedactingFilter as RedactingFilter
 from ._logging import configure_logging as configure_logging
+from ._registry import NOT_DONE as NOT_DONE
 from ._registry import Activity as Activity
 from ._registry import Registry as Registry
 from ._registry import RetryPolicy as RetryPolicy
@@ -58,6 +60,7 @@ __all__ = [
     "FENCING_HEADER",
     "FENCING_SCOPE_HEADER",
     "IDEMPOTENCY_HEADER",
+    "NOT_DONE",
     "Activity",
     "ActivityContext",
     "ActivityError",
@@ -78,6 +81,7 @@ __all__ = [
     "RecoveryReport",
     "RedactingFilter",
     "Registry",
+    "ResultUnknownError",
     "RetryPolicy",
     "Run",
     "RunConflictError",

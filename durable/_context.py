@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
+import anyio
+import anyio.to_thread
 import httpx
 
 from ._errors import LeaseLostError
@@ -18,6 +22,8 @@ if TYPE_CHECKING:
     from ._attempt import Attempt
     from ._registry import Activity
     from ._report import RecoveryReport
+
+R = TypeVar("R")
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 FENCING_HEADER = "Durable-Fencing-Token"
@@ -115,17 +121,18 @@ class WorkflowContext:
         Without ``key`` the step's identity is its position among the run's unkeyed steps
         (the n-th call is step n). Steps started concurrently (a task group) must each pass
         a stable ``key`` (an item id, say), so their identity does not depend on the order
-        the tasks happen to start in.
+        the tasks happen to start in: an unkeyed step started while another unkeyed step
+        is in flight raises :class:`durable.ConfigError` and fails the run.
         """
-        return await self._attempt.run_step(activity, args, key)
+        return await self._attempt.steps.run_step(activity, args, key)
 
     async def now(self) -> float:
         """The wall-clock time, journaled: a replay sees the same value."""
-        return float(await self._attempt.value("durable.now", time.time))
+        return float(await self._attempt.steps.value("durable.now", time.time))
 
     async def uuid4(self) -> str:
         """A random UUID, journaled: a replay sees the same value."""
-        return str(await self._attempt.value("durable.uuid4", lambda: str(uuid.uuid4())))
+        return str(await self._attempt.steps.value("durable.uuid4", lambda: str(uuid.uuid4())))
 
     async def set_records(
         self, records: Mapping[tuple[str, str], JSON], *, summary: JSON = None,
@@ -136,15 +143,37 @@ class WorkflowContext:
         The records and the step's journal entry commit in one transaction, only if this
         attempt still holds its lease and epoch: a superseded attempt can never apply it.
         """
-        await self._attempt.set_records(records, summary, key)
+        await self._attempt.steps.set_records(records, summary, key)
 
     async def get_record(self, namespace: str, key: str) -> JSON:
         """Read an application record; the value read is journaled as a step."""
-        return await self._attempt.get_record(namespace, key)
+        return await self._attempt.steps.get_record(namespace, key)
 
     async def recovery_report(self) -> RecoveryReport:
         """What this run has done so far, derived from its journal (for messages)."""
-        return await self._attempt.recovery_report()
+        return await self._attempt.steps.recovery_report()
+
+
+class _Cleanup:
+    """The context manager of :meth:`ActivityContext.cleanup`."""
+
+    def __init__(self, attempt: Attempt | None, timeout: float | None) -> None:
+        self._attempt = attempt
+        self._timeout = timeout
+        self._stack = contextlib.ExitStack()
+
+    async def __aenter__(self) -> anyio.CancelScope:
+        if self._attempt is not None:
+            scope: anyio.CancelScope = self._stack.enter_context(
+                self._attempt.cleanup_scope(self._timeout))
+        else:
+            scope = self._stack.enter_context(
+                anyio.move_on_after(5.0 if self._timeout is None else self._timeout,
+                                    shield=True))
+        return scope
+
+    async def __aexit__(self, *exc: object) -> bool:
+        return bool(self._stack.__exit__(*exc))  # type: ignore[arg-type]
 
 
 class ActivityContext:
@@ -222,6 +251,28 @@ class ActivityContext:
         if self._attempt is None:
             return
         await self._attempt.assert_still_mine()
+
+    def cleanup(self, timeout: float | None = None) -> AbstractAsyncContextManager[Any]:
+        """``async with ctx.cleanup():`` in a ``finally``: work that still runs when the
+        attempt is stopping (operator cancel, shutdown, timeout), shielded from that stop.
+
+        It is bounded: by ``timeout`` seconds (default 5), by the lease's local deadline,
+        and it is cancelled at once if the lease is lost. Its requests through ``ctx.http``
+        are sent while the attempt still holds its lease.
+        """
+        return _Cleanup(self._attempt, timeout)
+
+    async def to_thread(self, fn: Callable[..., R], *args: Any) -> R:
+        """Run blocking ``fn(*args)`` in a worker thread; a timeout or a cancel of the step
+        abandons the wait at once (the thread runs on: Python cannot stop it).
+
+        Code after the call does not run once the step is cancelled. The thread is still
+        fenced: it cannot write the journal, and ``ctx.http`` refuses its requests once the
+        lease is lost. ``anyio.to_thread.run_sync`` without ``abandon_on_cancel=True`` waits
+        for the thread instead, however long it takes.
+        """
+        result: R = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        return result
 
     def check_lease(self) -> None:
         """The local (no database) half of :meth:`assert_still_mine`."""

@@ -14,6 +14,7 @@ The tree::
     ├── InvalidStateError             the run is not in a state that allows the operation
     ├── NonDeterminismError           a replay met a journaled step under another activity name
     ├── StepInDoubtError              a step started but its outcome is unknown (on_doubt="fail")
+    ├── ResultUnknownError            the workflow used the result of a step accepted without one
     ├── ActivityError                 an activity failed after its retries (wraps the cause)
     └── NonRetryableError             raise it in an activity to fail the step without retrying
 
@@ -83,6 +84,11 @@ class StepInDoubtError(DurableError):
         self.step = step
         self.step_key = step_key
         self.activity = activity
+
+
+class ResultUnknownError(DurableError):
+    """The workflow used the result of a step an operator accepted as done without a result
+    (its activity has no lookup to find it)."""
 
 
 class ActivityError(DurableError):

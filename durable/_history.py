@@ -35,6 +35,31 @@ class StepView:
     accepted: bool = False
     reruns: int = 0
     """How many times a replay asked for the step to run again (changes its idempotency key)."""
+    result_known: bool = False
+    """Whether :attr:`result` is what the step returned (False for a step accepted by an
+    operator without a result: its activity's lookup, if any, finds it)."""
+    tries_base: int = 0
+    """:attr:`tries` when a replay last gave the step a fresh budget of tries."""
+    interrupted: int = 0
+    """Tries since then that their own attempt stopped (cancel, shutdown): not counted
+    against ``RetryPolicy.max_tries``."""
+    died: int = 0
+    """Tries since then with no outcome that their attempt never reported: it died (or lost
+    its lease) while the step ran."""
+
+    def in_doubt(self, current_epoch: int) -> bool:
+        """Started by an earlier attempt with no outcome: the one definition of in doubt."""
+        return self.state is StepState.IN_DOUBT or (
+            self.state is StepState.STARTED and self.epoch < current_epoch)
+
+    @property
+    def tries_used(self) -> int:
+        """Tries counted against ``RetryPolicy.max_tries``, across attempts."""
+        return self.tries - self.tries_base - self.interrupted
+
+    def fresh_budget(self) -> None:
+        """A replay runs the step again: its tries count from here."""
+        self.tries_base, self.interrupted, self.died = self.tries, 0, 0
 
 
 class History:
@@ -83,8 +108,11 @@ class History:
             self.steps[entry.step_key] = step
             self.top = max(self.top, entry.step)
         data = entry.data
+        started_by = step.epoch
         step.epoch = entry.epoch
         if kind is EntryKind.STEP_STARTED:
+            if step.state is StepState.STARTED:
+                step.died += 1  # the previous try ended with nobody left to report it
             step.state = StepState.STARTED
             step.tries = max(step.tries, entry.try_number or 1)
             step.started_at = entry.at
@@ -97,6 +125,7 @@ class History:
         elif kind is EntryKind.STEP_COMPLETED or kind is EntryKind.VALUE:
             step.state = StepState.COMPLETED
             step.result = data.get("result")
+            step.result_known = True
             step.summary = data.get("summary")
             step.error = None
             step.accepted = bool(data.get("accepted"))
@@ -110,6 +139,11 @@ class History:
             step.summary = data.get("summary", step.summary)
             step.ended_at = entry.at
         elif kind is EntryKind.STEP_IN_DOUBT:
+            if step.state is StepState.STARTED:
+                if entry.epoch == started_by:
+                    step.interrupted += 1  # its own attempt stopped it and said so
+                else:
+                    step.died += 1
             step.state = StepState.IN_DOUBT
             step.error = data.get("reason")
 
@@ -122,21 +156,20 @@ class History:
                 if step.state is StepState.COMPLETED:
                     step.reruns += 1
                 step.state = None
+                step.fresh_budget()
             elif step.state in (StepState.STARTED, StepState.IN_DOUBT):
                 if policy == "accept":
                     step.state = StepState.COMPLETED
                     step.accepted = True
+                    step.result_known = "result" in entry.data
                     step.result = entry.data.get("result")
                 elif policy == "rerun":
                     step.state = None
+                    step.fresh_budget()
             elif step.state is StepState.FAILED:
                 step.state = None
+                step.fresh_budget()
 
     def in_doubt(self, current_epoch: int) -> list[StepView]:
         """Steps started by an earlier attempt with no outcome."""
-        return [
-            s
-            for s in self.ordered()
-            if s.state is StepState.IN_DOUBT
-            or (s.state is StepState.STARTED and s.epoch < current_epoch)
-        ]
+        return [s for s in self.ordered() if s.in_doubt(current_epoch)]

@@ -23,11 +23,14 @@ class RetryPolicy:
     """How an activity's step is retried: exponential backoff with jitter and a cap.
 
     ``max_tries`` counts the first try: ``max_tries=3`` executes the step at most three times
-    within one attempt of the run. (Tries are a step's executions; attempts are a run's
-    claims.) An exception of a type in ``non_retryable`` (or
-    any :class:`durable.NonRetryableError`) fails the step at once. A 429/503 answer's
-    ``Retry-After`` (an ``httpx.HTTPStatusError`` or any exception with a ``retry_after``
-    attribute in seconds) is honoured, up to ``max_delay``.
+    in all, across the run's attempts (a worker that died while the step ran used a try; a
+    try its own attempt interrupted, by a cancel or a shutdown, did not). A step whose tries
+    ran out while the worker died each time fails the run, naming the step, instead of
+    killing workers forever. A replay gives a step it runs again a fresh budget. (Tries are
+    a step's executions; attempts are a run's claims.) An exception of a type in
+    ``non_retryable`` (or any :class:`durable.NonRetryableError`) fails the step at once. A
+    429/503 answer's ``Retry-After`` (an ``httpx.HTTPStatusError`` or any exception with a
+    ``retry_after`` attribute in seconds) is honoured, up to ``max_delay``.
     """
 
     max_tries: int = 3
@@ -78,6 +81,29 @@ def retry_after_of(exc: BaseException) -> float | None:
         return None
 
 
+class _NotDone:
+    """The type of :data:`NOT_DONE`."""
+
+    _instance: _NotDone | None = None
+
+    def __new__(cls) -> _NotDone:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "durable.NOT_DONE"
+
+    def __reduce__(self) -> str:
+        return "NOT_DONE"
+
+
+NOT_DONE: Any = _NotDone()
+"""What an activity's lookup returns when the step did not take effect (safe to run it)."""
+
+Lookup = Callable[..., Awaitable[Any]]
+
+
 class Activity:
     """A journaled operation. Call it with a workflow context to run it as a step."""
 
@@ -89,6 +115,7 @@ class Activity:
         timeout: float | None,
         retry: RetryPolicy,
         on_doubt: OnDoubt,
+        lookup: Lookup | None = None,
     ) -> None:
         if on_doubt not in ("retry", "fail"):
             raise ConfigError(f"on_doubt must be 'retry' or 'fail', not {on_doubt!r}")
@@ -99,8 +126,22 @@ class Activity:
         self.timeout = timeout
         self.retry = retry
         self.on_doubt: OnDoubt = on_doubt
+        self.lookup_fn: Lookup | None = lookup
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+
+    def lookup(self, fn: Lookup) -> Lookup:
+        """Declare ``async def find(ctx, *args)``: what happened to a step of this activity.
+
+        Called with the step's own arguments (and an :class:`ActivityContext` of the step:
+        its idempotency key, the fenced ``ctx.http``) when a step is in doubt, and when an
+        operator accepted an in-doubt step as done (``replay --accept-in-doubt``). It
+        returns the step's result if the step took effect (journaled as the step's result,
+        so the workflow goes on with it), :data:`durable.NOT_DONE` if it did not (the step
+        runs), or raises if it cannot tell (the step stays in doubt: ``on_doubt`` applies).
+        """
+        self.lookup_fn = fn
+        return fn
 
     async def __call__(self, ctx: WorkflowContext | ActivityContext, *args: Any) -> Any:
         from ._context import WorkflowContext
@@ -190,12 +231,15 @@ def activity(
     retry: RetryPolicy | None = None,
     on_doubt: OnDoubt = "retry",
     registry: Registry | None = None,
+    lookup: Lookup | None = None,
 ) -> Callable[[Callable[..., Awaitable[Any]]], Activity]:
     """Declare ``async def a(ctx, *args)`` an activity: journaled as a step in a workflow.
 
     ``on_doubt`` says what a new attempt does with a step an earlier attempt started but
     never finished: ``"retry"`` runs it again (only for idempotent activities), ``"fail"``
-    fails the run and names the step, for an operator to resolve on replay.
+    fails the run and names the step, for an operator to resolve on replay. ``lookup``
+    (or ``@act.lookup``) finds out what happened to a step in doubt or accepted by an
+    operator (see :meth:`Activity.lookup`).
     """
 
     def decorate(fn: Callable[..., Awaitable[Any]]) -> Activity:
@@ -205,6 +249,7 @@ def activity(
             timeout=timeout,
             retry=retry if retry is not None else RetryPolicy(),
             on_doubt=on_doubt,
+            lookup=lookup,
         )
         (registry or default_registry).add_activity(act)
         return act

@@ -94,9 +94,7 @@ class RecoveryReport:
                 completed.append(line(step, "completed"))
             elif step.state is StepState.FAILED:
                 failed.append(line(step, "failed"))
-            elif step.state is StepState.IN_DOUBT or (
-                step.state is StepState.STARTED and step.epoch < current
-            ):
+            elif step.in_doubt(current):
                 doubt.append(line(step, "in_doubt"))
             elif step.state is StepState.STARTED:
                 not_done.append(line(step, "started"))

@@ -15,7 +15,7 @@ from ._attempt import Attempt
 from ._errors import ConfigError, StoreError
 from ._logging import get_logger
 from ._registry import Registry, default_registry
-from ._types import Run
+from ._types import Fence, Run
 from .store import Store
 
 
@@ -64,8 +64,12 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.console_url = console_url
         self._transport = transport
-        self.active: dict[str, Attempt] = {}
+        self.active: dict[Fence, Attempt] = {}
+        """The attempts running here, by their fence: two attempts of one run (an older one
+        still unwinding after it lost its lease, and the newer claim) are both counted, and
+        neither's end drops the other."""
         self._stopping = False
+        self._grace_scope: anyio.CancelScope | None = None
         self._wake = anyio.Event()
         self._changed = anyio.Event()
         self.log = get_logger("durable.worker", worker=self.worker_id)
@@ -76,6 +80,9 @@ class Worker:
         """Stop claiming; cancel what still runs after the grace period. Idempotent."""
         if grace is not None:
             self.grace = min(self.grace, grace)
+            if self._grace_scope is not None:  # already waiting: shorten the wait now
+                self._grace_scope.deadline = min(self._grace_scope.deadline,
+                                                 anyio.current_time() + self.grace)
         if not self._stopping:
             self.log.info("worker_stopping", active=len(self.active), grace=self.grace)
         self._stopping = True
@@ -99,9 +106,10 @@ class Worker:
                                   lease=self.lease, store=type(self.store).__name__)
                     task_status.started()
                     await self._claim_loop(runs, transport)
-                    with anyio.move_on_after(self.grace):
+                    with anyio.move_on_after(self.grace) as self._grace_scope:
                         while self.active:
                             await self._wait_changed()
+                    self._grace_scope = None
                     for attempt in list(self.active.values()):
                         attempt.stop("shutdown")
                 service.cancel_scope.cancel()
@@ -146,7 +154,7 @@ class Worker:
         attempt = Attempt(self.store, run, self.registry, lease=self.lease, lease_sent_at=sent,
                           transport=transport, worker_id=self.worker_id,
                           console_url=self.console_url)
-        self.active[run.id] = attempt
+        self.active[attempt.fence] = attempt
         self.claimed += 1
         attempt.log.info("run_claimed", worker=self.worker_id)
         runs.start_soon(self._execute, attempt, name=f"durable run {run.id}")
@@ -157,7 +165,8 @@ class Worker:
         except Exception as exc:  # the engine's own failure: log it, the lease will lapse
             attempt.log.exception("attempt_crashed", error=str(exc))
         finally:
-            self.active.pop(attempt.run.id, None)
+            if self.active.get(attempt.fence) is attempt:
+                del self.active[attempt.fence]
             self._changed.set()
             self._wake.set()
 
@@ -174,7 +183,8 @@ class Worker:
             return
         sent = anyio.current_time()
         details: dict[str, Any] = {
-            a.run.id: a.heartbeat_detail for a in attempts if a.heartbeat_detail is not None
+            a.run.id: a.heartbeat_detail for a in attempts
+            if a.heartbeat_detail is not None and not a.lost
         }
         try:
             renewals = await self.store.renew(
@@ -188,9 +198,9 @@ class Worker:
                 continue
             renewal = held.get(attempt.run.id)
             if renewal is None or renewal.epoch != attempt.fence.epoch:
-                if self.active.get(attempt.run.id) is attempt:
+                if not attempt.lost:
                     attempt.log.warning("lease_lost")
-                    attempt.lose()
+                    attempt.lose("lease lost (the renewal did not hold)")
                 continue
             attempt.renewed(sent)
             if renewal.cancel_requested:

@@ -59,3 +59,20 @@ async def crash_count(ctx: durable.WorkflowContext, log: str, gate: str) -> None
     await hold_idempotent(ctx, f"{log}.holds", gate)
     for step in ("a", "b", "c"):
         await mark(ctx, log, f"{ctx.workflow_id}:{step}:{ctx.epoch}")
+
+
+@durable.activity("crash.kill_worker")
+async def kill_worker(ctx: durable.ActivityContext, log: str) -> None:
+    """A poison pill: kills the worker process that runs it, every time."""
+    import os
+    import signal
+
+    with open(log, "a") as f:
+        f.write(f"kill:{ctx.try_number}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@durable.workflow("crash.poison")
+async def crash_poison(ctx: durable.WorkflowContext, log: str) -> None:
+    await mark(ctx, log, "before")
+    await kill_worker(ctx, log)

@@ -230,7 +230,7 @@ async def test_lease_lost_inside_a_task_group_stops_the_attempt_not_the_worker(
 
     async with running_worker(client, registry, lease=5.0) as worker:
         await client.start("fanout", id="f")
-        await poll(lambda: "f" not in worker.active and worker.claimed == 1)
+        await poll(lambda: not worker.active and worker.claimed == 1)
         await client.start("after", id="a")
         assert (await client.wait("a")).result == "still working"
     journal = await client.journal("f")

@@ -1,0 +1,67 @@
+"""An attempt's lease as its own process sees it.
+
+Two different things end an attempt early, and they must not be confused:
+
+- **stopping** (an operator's cancel, a shutdown, a deadline): the attempt is asked to
+  stop, but it still *holds* its lease. Cleanup code may still send requests and the
+  attempt journals its outcome (``run_cancelled``; ``run_interrupted`` and a release).
+  That state lives on the attempt (:attr:`durable.Attempt.stopping`).
+- **lost** (a renewal answered without the run, a refused write, the local deadline
+  passed): someone else may hold the run now. Every request and write is refused and the
+  attempt writes nothing more. That state lives here, and only here.
+
+The local deadline comes from anyio's clock, counted from when the renewal was *sent*, and
+falls :data:`LEASE_SAFETY` of the lease before the stored expiry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
+
+LEASE_SAFETY = 0.1
+"""Fraction of the lease kept as margin: the local deadline falls this much before expiry."""
+
+
+class Lease:
+    """The local view of one attempt's lease: its deadline, and whether it was lost."""
+
+    def __init__(self, length: float, sent_at: float) -> None:
+        self.length = length
+        self.deadline = sent_at + length * (1 - LEASE_SAFETY)
+        self.lost: str | None = None
+        """Why the lease was lost, once it was; None while it is held."""
+        self._bounded: set[anyio.CancelScope] = set()
+
+    def renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` (anyio time) succeeded: move the deadline on."""
+        if self.lost is None:
+            self.deadline = max(self.deadline, sent_at + self.length * (1 - LEASE_SAFETY))
+
+    def holds(self) -> bool:
+        """Whether requests and writes may still go out (stopping does not change this)."""
+        return self.lost is None and anyio.current_time() < self.deadline
+
+    def lose(self, reason: str) -> None:
+        """The lease is gone: cancel every shielded piece of work running under it."""
+        if self.lost is None:
+            self.lost = reason
+        for scope in list(self._bounded):
+            scope.cancel()
+
+    @contextmanager
+    def shielded(self, timeout: float) -> Iterator[anyio.CancelScope]:
+        """A scope that a stop does not cancel, bounded by ``timeout`` and by the lease:
+        it ends at the local lease deadline, and at once when the lease is lost."""
+        scope = anyio.CancelScope(
+            shield=True, deadline=min(anyio.current_time() + timeout, self.deadline))
+        if self.lost is not None:
+            scope.cancel()
+        self._bounded.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._bounded.discard(scope)

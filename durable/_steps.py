@@ -1,0 +1,417 @@
+"""Steps: their identity, their execution, and what a step in doubt or accepted returns.
+
+The guarantees that live here:
+
+- **Identity.** A step is its key: the n-th *unkeyed* call of the run is key ``"n"``.
+  Numbering by call order is only deterministic when one unkeyed call is open at a time, so
+  an unkeyed step (or journaled value) started while another unkeyed one is in flight is a
+  :class:`durable.ConfigError` that fails the run ("pass key="), rather than a run whose
+  concurrent steps get each other's results after a resume.
+- **Tries.** ``RetryPolicy.max_tries`` bounds a step's tries across the run's attempts. A
+  step whose worker died each time it ran ends the run with a message saying so.
+- **Results.** A result that cannot be journaled fails the step at once (never retried:
+  the side effect happened). A completion of an ``on_doubt="fail"`` step is committed
+  before the workflow goes on; an idempotent step's completion rides on the next write.
+- **Doubt.** A step in doubt asks its activity's lookup what happened, then applies
+  ``on_doubt``. A step an operator accepted gets its result from the lookup, or a result
+  that raises :class:`durable.ResultUnknownError` when used: never a silent ``None``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import anyio
+
+from ._context import ActivityContext
+from ._errors import (
+    ActivityError,
+    AttemptCancelled,
+    ConfigError,
+    NonDeterminismError,
+    NotJsonError,
+    ResultUnknownError,
+    StepInDoubtError,
+)
+from ._history import History, StepView, tries
+from ._logging import redact
+from ._registry import NOT_DONE
+from ._types import JSON, EntryKind, JournalWrite, StepState, dumps
+
+if TYPE_CHECKING:
+    from ._attempt import Attempt
+    from ._registry import Activity
+    from ._report import RecoveryReport
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError) and not str(exc):
+        text = "timed out"
+    return redact(f"{type(exc).__name__}: {text}" if str(exc) else text)
+
+
+class UnknownResult:
+    """Handed to the workflow for an accepted step whose result nobody knows.
+
+    Ignoring it is fine (a delete's ``None``); using it raises
+    :class:`durable.ResultUnknownError` saying which step and what to do.
+    """
+
+    def __init__(self, step: int, activity: str) -> None:
+        self._message = (
+            f"the result of step {step} ({activity}) is unknown: an operator accepted the step "
+            "as done (replay --accept-in-doubt) and its activity has no lookup to find the "
+            f"result; declare one (@{activity.rsplit('.', 1)[-1]}.lookup) or replay with "
+            "--rerun-in-doubt")
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ResultUnknownError(self._message)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse()
+
+    __getitem__ = __iter__ = __len__ = __bool__ = __contains__ = __int__ = __float__ = _refuse
+    __add__ = __radd__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+
+    def __repr__(self) -> str:
+        return "<durable: unknown result of an accepted step>"
+
+
+def _returns_none(fn: Callable[..., Any]) -> bool:
+    annotation = inspect.signature(fn).return_annotation
+    return annotation is None or annotation == "None"
+
+
+class Steps:
+    """The steps of one attempt: identifies each call, runs it, journals its outcome."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.history = History()
+        self.doom: BaseException | None = None
+        """An error that fails the run even if workflow code catches it."""
+        self.in_flight: dict[str, StepView] = {}
+        self._seq = 0
+        self._used_keys: set[str] = set()
+        self._open_unkeyed: str | None = None
+        self._rng = random.Random()
+
+    @property
+    def run_id(self) -> str:
+        return self.attempt.run.id
+
+    @property
+    def epoch(self) -> int:
+        return self.attempt.fence.epoch
+
+    # -- identity ------------------------------------------------------------------------------
+    @contextmanager
+    def identified(self, name: str, key: str | None) -> Iterator[StepView]:
+        """The step's view, held open (for the unkeyed-concurrency check) for the block."""
+        if key is None and self._open_unkeyed is not None:
+            err = ConfigError(
+                f"run {self.run_id}: the unkeyed step {name!r} was started while the unkeyed "
+                f"step {self._open_unkeyed!r} was still in flight; unkeyed steps are numbered "
+                "in call order, which concurrent tasks do not keep: give each step started "
+                "concurrently a stable key (ctx.step(activity, ..., key=...))")
+            self.doom = self.doom or err
+            raise err
+        view = self._identify(name, key)
+        if key is not None:
+            yield view
+            return
+        self._open_unkeyed = name
+        try:
+            yield view
+        finally:
+            self._open_unkeyed = None
+
+    def _identify(self, name: str, key: str | None) -> StepView:
+        if key is None:
+            self._seq += 1
+            skey = str(self._seq)
+        else:
+            skey = str(key)
+            if not skey or skey.isdigit():
+                raise ConfigError(f"a step key must be a non-numeric string, not {key!r}")
+        if skey in self._used_keys:
+            raise ConfigError(f"step key {skey!r} is used twice in run {self.run_id}")
+        self._used_keys.add(skey)
+        view = self.history.steps.get(skey)
+        if view is None:
+            view = self.history.add(skey, name)
+        elif view.name != name:
+            err = NonDeterminismError(
+                f"run {self.run_id}: step {view.number} (key {skey!r}) was journaled as "
+                f"{view.name!r} but the workflow now calls {name!r}; the workflow code changed "
+                "since the run started. Deploy the old code to finish it, or start a new run"
+            )
+            self.doom = err
+            raise err
+        return view
+
+    def doubt_entries(self, reason: str, *, earlier: bool = False) -> list[JournalWrite]:
+        """``step_in_doubt`` for the steps in flight (and, with ``earlier``, for steps an
+        earlier attempt left started, not yet journaled as in doubt)."""
+        entries = [JournalWrite(EntryKind.STEP_IN_DOUBT, s.number, s.key, s.name, s.tries,
+                                {"reason": reason}) for s in self.in_flight.values()]
+        if earlier:
+            entries += [
+                JournalWrite(EntryKind.STEP_IN_DOUBT, s.number, s.key, s.name, s.tries,
+                             {"reason": f"started by an earlier attempt (epoch {s.epoch}) "
+                                        "with no recorded outcome"})
+                for s in self.history.ordered()
+                if s.key not in self.in_flight and s.state is StepState.STARTED
+                and s.epoch < self.epoch]
+        return entries
+
+    # -- journaled values and records ----------------------------------------------------------
+    async def value(self, name: str, produce: Callable[[], JSON]) -> JSON:
+        with self.identified(name, None) as view:
+            if view.state is StepState.COMPLETED:
+                return view.result
+            result = produce()
+            await self.attempt.write([JournalWrite(EntryKind.VALUE, view.number, view.key,
+                                                   name, 1, {"result": result})])
+            view.state, view.result = StepState.COMPLETED, result
+            return result
+
+    async def set_records(self, records: Mapping[tuple[str, str], JSON], summary: JSON,
+                          key: str | None) -> None:
+        with self.identified("durable.set_records", key) as view:
+            if view.state is StepState.COMPLETED:
+                return
+            entry = JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key,
+                                 "durable.set_records", 1,
+                                 {"result": None, "summary": summary,
+                                  "records": [[ns, k] for ns, k in records]})
+            await self.attempt.put_records([(ns, k, v) for (ns, k), v in records.items()],
+                                           entry)
+            view.state = StepState.COMPLETED
+
+    async def get_record(self, namespace: str, key: str) -> JSON:
+        with self.identified("durable.get_record", None) as view:
+            if view.state is StepState.COMPLETED:
+                return view.result
+            record = await self.attempt.store.get_record(namespace, key)
+            result = None if record is None else record.value
+            await self.attempt.write([JournalWrite(
+                EntryKind.VALUE, view.number, view.key, "durable.get_record", 1,
+                {"result": result, "summary": f"{namespace}/{key}"})])
+            view.state, view.result = StepState.COMPLETED, result
+            return result
+
+    async def recovery_report(self) -> RecoveryReport:
+        from ._report import RecoveryReport
+
+        attempt = self.attempt
+        await attempt.write([])  # the report reads the journal: commit deferred entries first
+        run = await attempt.store.get_run(self.run_id) or attempt.run
+        return RecoveryReport.build(run, await attempt.store.journal(self.run_id),
+                                    console_url=attempt.console_url)
+
+    # -- activities ----------------------------------------------------------------------------
+    def _context(self, view: StepView, try_number: int) -> ActivityContext:
+        idem = f"{self.run_id}/{view.key}" + (f"~{view.reruns}" if view.reruns else "")
+        return ActivityContext(self.attempt, step=view.number, step_key=view.key,
+                               try_number=try_number, idempotency_key=idem)
+
+    def _failure(self, view: StepView, act: Activity, count: int, message: str,
+                 error_type: str) -> ActivityError:
+        return ActivityError(f"step {view.number} ({act.name}) failed after {tries(count)}: "
+                             f"{message}", step=view.number, activity=act.name,
+                             error_type=error_type)
+
+    async def _fail_step(self, view: StepView, act: Activity, number: int,
+                         data: dict[str, JSON]) -> None:
+        await self.attempt.write([JournalWrite(EntryKind.STEP_FAILED, view.number, view.key,
+                                               act.name, number, data)])
+        self.in_flight.pop(view.key, None)
+        view.state, view.error = StepState.FAILED, data["error"]
+        view.error_type = str(data["error_type"])
+
+    async def _look_up(self, act: Activity, view: StepView, args: tuple[Any, ...]) -> Any:
+        """The lookup's answer: a result, NOT_DONE, or an exception (cannot tell)."""
+        assert act.lookup_fn is not None
+        ctx = self._context(view, max(view.tries, 1))
+        if act.timeout is None:
+            return await act.lookup_fn(ctx, *args)
+        with anyio.fail_after(act.timeout):
+            return await act.lookup_fn(ctx, *args)
+
+    async def _complete_from_lookup(self, act: Activity, view: StepView, found: JSON,
+                                    *, accepted: bool) -> JSON:
+        dumps(found, f"the result of the lookup of activity {act.name}")
+        await self.attempt.write([JournalWrite(
+            EntryKind.STEP_COMPLETED, view.number, view.key, act.name, max(view.tries, 1),
+            {"result": found, "summary": "found by its lookup", "looked_up": True,
+             "accepted": accepted, "ended_at": self.attempt.store.clock.now()})])
+        view.state, view.result, view.result_known = StepState.COMPLETED, found, True
+        return found
+
+    async def _accepted(self, act: Activity, view: StepView, args: tuple[Any, ...]) -> Any:
+        """An operator counted the step as done: find its result, never hand back None."""
+        log = self.attempt.log.bind(step=view.number, activity=act.name)
+        if act.lookup_fn is None:
+            if _returns_none(act.fn):
+                return None
+            log.warning("step_result_unknown")
+            return UnknownResult(view.number, act.name)
+        try:
+            found = await self._look_up(act, view, args)
+        except (AttemptCancelled, NotJsonError):
+            raise
+        except Exception as exc:
+            raise ActivityError(
+                f"step {view.number} ({act.name}) was accepted as done, but its lookup "
+                f"failed: {describe(exc)}; replay again when it can answer",
+                step=view.number, activity=act.name, error_type=type(exc).__name__) from exc
+        if found is NOT_DONE:
+            raise ActivityError(
+                f"step {view.number} ({act.name}) was accepted as done, but its lookup found "
+                "that it did not take effect; replay with --rerun-in-doubt to run it",
+                step=view.number, activity=act.name, error_type="NotDone")
+        log.info("step_looked_up", accepted=True)
+        return await self._complete_from_lookup(act, view, found, accepted=True)
+
+    async def run_step(self, act: Activity, args: tuple[Any, ...], key: str | None) -> Any:
+        with self.identified(act.name, key) as view:
+            return await self._run_step(act, args, view)
+
+    async def _run_step(self, act: Activity, args: tuple[Any, ...], view: StepView) -> Any:
+        if view.state is StepState.COMPLETED:
+            if view.accepted and not view.result_known:
+                return await self._accepted(act, view, args)
+            return view.result
+        if view.state is StepState.FAILED:
+            # an earlier attempt journaled this step's failure: the workflow sees the same
+            # failure again (only a replay runs a failed step again)
+            raise self._failure(view, act, view.tries_used, view.error or "",
+                                view.error_type or "Exception")
+        log = self.attempt.log.bind(step=view.number, step_key=view.key, activity=act.name)
+        if view.in_doubt(self.epoch):
+            if view.state is StepState.STARTED:
+                await self.attempt.write([JournalWrite(
+                    EntryKind.STEP_IN_DOUBT, view.number, view.key, act.name, view.tries,
+                    {"reason": f"started by an earlier attempt (epoch {view.epoch}) with no "
+                               "recorded outcome"})])
+                view.died += 1
+                view.state = StepState.IN_DOUBT
+            log.warning("step_in_doubt", on_doubt=act.on_doubt)
+            settled = False
+            if act.lookup_fn is not None:
+                try:
+                    found = await self._look_up(act, view, args)
+                except (AttemptCancelled, NotJsonError):
+                    raise
+                except Exception as exc:  # it cannot tell: the step stays in doubt
+                    log.warning("step_lookup_failed", error=describe(exc))
+                else:
+                    if found is not NOT_DONE:
+                        log.info("step_looked_up", accepted=False)
+                        return await self._complete_from_lookup(act, view, found,
+                                                                accepted=False)
+                    settled = True  # it did not take effect: running it is safe
+            if not settled and view.tries_used >= act.retry.max_tries:
+                await self._poison(act, view)
+            if not settled and act.on_doubt == "fail":
+                err = StepInDoubtError(
+                    f"step {view.number} ({act.name}) was started by an earlier attempt and "
+                    "its outcome is unknown; check whether it took effect, then replay with "
+                    "--rerun-in-doubt (run it again) or --accept-in-doubt (count it as done)",
+                    step=view.number, step_key=view.key, activity=act.name)
+                self.doom = err
+                raise err
+        if view.tries_used >= act.retry.max_tries:
+            await self._poison(act, view)
+        return await self._tries(act, args, view, log)
+
+    async def _poison(self, act: Activity, view: StepView) -> NoReturn:
+        """The step's tries ran out across attempts: fail it instead of looping forever."""
+        used = view.tries_used
+        if view.died and view.died >= used:
+            why = (f"the worker died each time it ran (no try recorded an outcome; "
+                   f"RetryPolicy.max_tries={act.retry.max_tries} across attempts)")
+            error_type = "WorkerDied"
+        else:
+            why = (f"no tries left (RetryPolicy.max_tries={act.retry.max_tries} across "
+                   f"attempts); the last: {view.error or 'no recorded outcome'}")
+            error_type = view.error_type or "WorkerDied"
+        data: dict[str, JSON] = {"error": why, "error_type": error_type, "summary": None}
+        await self._fail_step(view, act, view.tries, data)
+        self.attempt.log.warning("step_failed", step=view.number, activity=act.name,
+                                 error=why)
+        raise self._failure(view, act, used, why, error_type)
+
+    async def _tries(self, act: Activity, args: tuple[Any, ...], view: StepView,
+                     log: Any) -> Any:
+        attempt = self.attempt
+        while True:
+            number = view.tries + 1
+            ctx = self._context(view, number)
+            await attempt.write([JournalWrite(EntryKind.STEP_STARTED, view.number, view.key,
+                                              act.name, number, {"args": list(args)})])
+            view.state, view.epoch, view.tries = StepState.STARTED, self.epoch, number
+            self.in_flight[view.key] = view
+            log.debug("step_started", **{"try": number})
+            try:
+                if act.timeout is None:
+                    result = await act.fn(ctx, *args)
+                else:
+                    with anyio.fail_after(act.timeout):
+                        result = await act.fn(ctx, *args)
+            except AttemptCancelled:
+                raise
+            except Exception as exc:
+                message = describe(exc)
+                if isinstance(exc, TimeoutError) and act.timeout is not None:
+                    message = f"timed out after {act.timeout:g} s (the call in flight was aborted)"
+                retry = act.retry.retryable(exc) and view.tries_used < act.retry.max_tries
+                data: dict[str, JSON] = {"error": message, "error_type": type(exc).__name__,
+                                         "summary": ctx.summary}
+                if retry:
+                    delay = act.retry.delay(number, exc, self._rng)
+                    data["retry_in"] = round(delay, 3)
+                    await attempt.write([JournalWrite(EntryKind.STEP_RETRYING, view.number,
+                                                      view.key, act.name, number, data)])
+                    del self.in_flight[view.key]
+                    view.state, view.error = None, message
+                    view.error_type = type(exc).__name__
+                    log.info("step_retrying", **{"try": number}, error=message, delay=delay)
+                    await anyio.sleep(delay)
+                    continue
+                await self._fail_step(view, act, number, data)
+                log.warning("step_failed", **{"try": number}, error=message)
+                raise self._failure(view, act, view.tries_used, message,
+                                    type(exc).__name__) from exc
+            try:
+                dumps(result, f"the result of activity {act.name}")
+            except NotJsonError as exc:
+                # a programming error, and the step's effect happened: never run it again
+                message = (f"its result cannot be journaled ({type(result).__name__} "
+                           f"returned): {exc}")
+                await self._fail_step(view, act, number, {
+                    "error": message, "error_type": "NotJsonError", "summary": ctx.summary})
+                log.warning("step_failed", **{"try": number}, error=message)
+                raise self._failure(view, act, view.tries_used, message,
+                                    "NotJsonError") from exc
+            done = JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key, act.name,
+                                number, {"result": result, "summary": ctx.summary,
+                                         "ended_at": attempt.store.clock.now()})
+            if act.on_doubt == "retry":
+                # idempotent: its completion commits with the next journal write (one commit
+                # instead of two); a crash in between only makes the step run again
+                attempt.defer(done)
+            else:
+                await attempt.write([done])
+            del self.in_flight[view.key]
+            view.state, view.result, view.result_known = StepState.COMPLETED, result, True
+            log.debug("step_completed", **{"try": number})
+            return result

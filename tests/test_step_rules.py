@@ -1,0 +1,270 @@
+"""What a step may be: its identity, its result, its threads, what an accepted step returns.
+
+Each test is a failure once seen on the real code: unkeyed concurrent steps swapping their
+results, a non-JSON result retried (the side effect repeated), a thread that outlived its
+step's timeout, an accepted step handing the workflow ``None``, and a completion of an
+``on_doubt="fail"`` step left uncommitted while the workflow went on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+import durable
+from durable import EntryKind, RunState
+from durable._types import Fence, JournalWrite
+
+from .helpers import kinds, poll, running_worker
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_unkeyed_steps_started_concurrently_are_refused(
+        client: durable.Client, registry: durable.Registry) -> None:
+    deleted: list[str] = []
+
+    @durable.activity("db.delete", registry=registry)
+    async def delete(ctx: durable.ActivityContext, name: str) -> str:
+        deleted.append(name)
+        await anyio.sleep(0.05)
+        return f"{name} deleted"
+
+    @durable.workflow("both", registry=registry)
+    async def both(ctx: durable.WorkflowContext) -> list[str]:
+        results: list[str] = []
+
+        async def one(name: str) -> None:
+            results.append(await delete(ctx, name))
+
+        async with anyio.create_task_group() as tg:
+            for name in ("db-1", "db-2"):
+                tg.start_soon(one, name)
+        return results
+
+    async with running_worker(client, registry):
+        await client.start("both", id="u")
+        done = await client.wait("u")
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "key=" in done.error
+    assert "db.delete" in done.error
+
+
+async def test_keyed_steps_in_a_task_group_keep_their_own_results(
+        client: durable.Client, registry: durable.Registry) -> None:
+    @durable.activity("db.delete", registry=registry)
+    async def delete(ctx: durable.ActivityContext, name: str) -> str:
+        await anyio.sleep(0.01)
+        return f"{name} deleted"
+
+    @durable.workflow("both", registry=registry)
+    async def both(ctx: durable.WorkflowContext) -> dict[str, str]:
+        results: dict[str, str] = {}
+
+        async def one(name: str) -> None:
+            results[name] = await ctx.step(delete, name, key=name)
+
+        async with anyio.create_task_group() as tg:
+            for name in ("db-1", "db-2"):
+                tg.start_soon(one, name)
+        results["after"] = await ctx.now() and "ok"  # an unkeyed value after the group
+        return results
+
+    async with running_worker(client, registry):
+        await client.start("both", id="k")
+        done = await client.wait("k")
+    assert done.state is RunState.COMPLETED, done.error
+    assert done.result == {"db-1": "db-1 deleted", "db-2": "db-2 deleted", "after": "ok"}
+
+
+async def test_a_result_that_cannot_be_journaled_fails_the_step_without_a_retry(
+        client: durable.Client, registry: durable.Registry) -> None:
+    posts: list[int] = []
+
+    @durable.activity("repo.create", registry=registry, on_doubt="fail")
+    async def create(ctx: durable.ActivityContext) -> Any:
+        posts.append(ctx.try_number)
+        return {"created_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)}
+
+    @durable.workflow("creates", registry=registry)
+    async def creates(ctx: durable.WorkflowContext) -> None:
+        await create(ctx)
+
+    async with running_worker(client, registry):
+        await client.start("creates", id="j")
+        done = await client.wait("j")
+    assert posts == [1]  # the side effect ran once
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "datetime" in done.error and "repo.create" in done.error
+    journal = await client.journal("j")
+    assert "step_retrying" not in kinds(journal)
+    [failed] = [e for e in journal if e.kind is EntryKind.STEP_FAILED]
+    assert failed.data["error_type"] == "NotJsonError"
+
+
+async def test_to_thread_work_is_abandoned_at_the_step_timeout(
+        client: durable.Client, registry: durable.Registry) -> None:
+    release = threading.Event()
+    after: list[str] = []
+
+    def blocking() -> str:
+        release.wait(10)  # blocking work a cancel cannot interrupt
+        return "thread done"
+
+    @durable.activity("slow", registry=registry, timeout=0.3,
+                      retry=durable.RetryPolicy(max_tries=1))
+    async def slow(ctx: durable.ActivityContext) -> str:
+        value = await ctx.to_thread(blocking)
+        after.append("code after the thread ran")
+        return str(value)
+
+    @durable.workflow("threads", registry=registry)
+    async def threads(ctx: durable.WorkflowContext) -> str:
+        return str(await slow(ctx))
+
+    try:
+        async with running_worker(client, registry):
+            started = time.monotonic()
+            await client.start("threads", id="th")
+            done = await client.wait("th")
+            took = time.monotonic() - started
+    finally:
+        release.set()
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "timed out after 0.3 s" in done.error
+    assert took < 1.0
+    assert after == []
+
+
+async def _in_doubt_run(client: durable.Client, run_id: str, name: str,
+                        args: list[Any]) -> None:
+    """A run whose first step was started by a worker that then died."""
+    [run] = await client.store.claim("dead-worker", 0.3, 1, run_id=run_id)
+    assert await client.store.append(Fence(run.id, run.epoch), [JournalWrite(
+        EntryKind.STEP_STARTED, 1, "1", name, 1, {"args": args})])
+    assert await poll(lambda: client.store.recover_stale(run_id, run.epoch), timeout=5)
+
+
+async def test_an_accepted_step_takes_its_result_from_the_activity_lookup(
+        client: durable.Client, registry: durable.Registry) -> None:
+    creates: list[str] = []
+    looked_up: list[tuple[str, int]] = []
+    unknown_then = {"answer": "unknown"}
+
+    @durable.activity("repo.create", registry=registry, on_doubt="fail")
+    async def create(ctx: durable.ActivityContext, name: str) -> dict[str, Any]:
+        creates.append(name)
+        return {"id": 1, "name": name}
+
+    @create.lookup
+    async def find_repo(ctx: durable.ActivityContext, name: str) -> Any:
+        looked_up.append((name, ctx.step))
+        if unknown_then["answer"] == "unknown":
+            raise RuntimeError("the git host is unreachable")  # unknown: stays in doubt
+        return {"id": 7, "name": name}
+
+    @durable.workflow("promote", registry=registry)
+    async def promote(ctx: durable.WorkflowContext, name: str) -> int:
+        repo = await create(ctx, name)
+        return int(repo["id"])
+
+    await client.start("promote", "starter", id="a")
+    await _in_doubt_run(client, "a", "repo.create", ["starter"])
+    async with running_worker(client, registry):
+        failed = await client.wait("a")
+        assert failed.state is RunState.FAILED  # the lookup could not tell: in doubt
+        assert failed.error is not None and "outcome is unknown" in failed.error
+        unknown_then["answer"] = "found"
+        await client.replay("a", in_doubt="accept")
+        done = await client.wait("a")
+    assert done.state is RunState.COMPLETED, done.error
+    assert done.result == 7  # the looked-up repository, not None
+    assert creates == []
+    assert looked_up == [("starter", 1), ("starter", 1)]
+    [completed] = [e for e in await client.journal("a")
+                   if e.kind is EntryKind.STEP_COMPLETED and e.step == 1]
+    assert completed.data["result"] == {"id": 7, "name": "starter"}
+    assert completed.data["accepted"] is True
+
+
+async def test_a_step_in_doubt_is_resolved_by_its_lookup(
+        client: durable.Client, registry: durable.Registry) -> None:
+    creates: list[str] = []
+    existing: dict[str, dict[str, Any]] = {"found": {"id": 3}}
+
+    @durable.activity("repo.create", registry=registry, on_doubt="fail")
+    async def create(ctx: durable.ActivityContext, name: str) -> dict[str, Any]:
+        creates.append(name)
+        return {"id": 9}
+
+    @create.lookup
+    async def find_repo(ctx: durable.ActivityContext, name: str) -> Any:
+        return existing.get(name, durable.NOT_DONE)
+
+    @durable.workflow("promote", registry=registry)
+    async def promote(ctx: durable.WorkflowContext, name: str) -> int:
+        return int((await create(ctx, name))["id"])
+
+    for run_id, name in (("f", "found"), ("n", "absent")):
+        await client.start("promote", name, id=run_id)
+        await _in_doubt_run(client, run_id, "repo.create", [name])
+    async with running_worker(client, registry):
+        found, absent = await client.wait("f"), await client.wait("n")
+    assert found.state is RunState.COMPLETED and found.result == 3  # it had happened
+    assert absent.state is RunState.COMPLETED and absent.result == 9  # it had not: ran
+    assert creates == ["absent"]
+
+
+async def test_an_accepted_step_without_a_lookup_never_reads_as_none(
+        client: durable.Client, registry: durable.Registry) -> None:
+    @durable.activity("repo.create", registry=registry, on_doubt="fail")
+    async def create(ctx: durable.ActivityContext, name: str) -> dict[str, Any]:
+        return {"id": 1}
+
+    @durable.workflow("promote", registry=registry)
+    async def promote(ctx: durable.WorkflowContext, name: str) -> Any:
+        repo = await create(ctx, name)
+        return repo["id"]
+
+    await client.start("promote", "starter", id="a")
+    await _in_doubt_run(client, "a", "repo.create", ["starter"])
+    async with running_worker(client, registry):
+        assert (await client.wait("a")).state is RunState.FAILED
+        await client.replay("a", in_doubt="accept")
+        done = await client.wait("a")
+    assert done.state is RunState.FAILED
+    assert done.error is not None
+    assert "step 1 (repo.create)" in done.error and "lookup" in done.error
+
+
+async def test_an_on_doubt_fail_completion_is_committed_before_the_workflow_goes_on(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """If it were deferred, a worker killed right after the step would leave it in doubt."""
+    seen: dict[str, list[str]] = {}
+
+    @durable.activity("once", registry=registry, on_doubt="fail")
+    async def once(ctx: durable.ActivityContext) -> str:
+        return "pushed"
+
+    @durable.activity("again", registry=registry, on_doubt="retry")
+    async def again(ctx: durable.ActivityContext) -> str:
+        return "noted"
+
+    @durable.workflow("order", registry=registry)
+    async def order(ctx: durable.WorkflowContext) -> None:
+        for act in (once, again):
+            await act(ctx)
+            # what a worker killed at this instant would leave behind
+            journal = await client.store.journal(ctx.workflow_id)
+            seen[act.name] = [e.name or "" for e in journal
+                              if e.kind is EntryKind.STEP_COMPLETED]
+
+    async with running_worker(client, registry):
+        await client.start("order", id="o")
+        assert (await client.wait("o")).state is RunState.COMPLETED
+    assert seen["once"] == ["once"]
