@@ -9,7 +9,8 @@ The tree::
     │   └── RunConflictError          an id reused for another workflow or other arguments
     ├── StoreError                    the store could not do what was asked
     │   ├── StoreUnavailableError     the database cannot be opened or reached
-    │   └── SchemaVersionError        the database was written by a newer durable
+    │   ├── SchemaVersionError        the database was written by a newer durable
+    │   └── StaleRecordError          a record changed since the run read it (compare-and-set)
     ├── RunNotFoundError              no run has that id
     ├── InvalidStateError             the run is not in a state that allows the operation
     ├── NonDeterminismError           a replay met a journaled step under another activity name
@@ -62,6 +63,24 @@ class StoreUnavailableError(StoreError):
 
 class SchemaVersionError(StoreError):
     """The database schema is newer than this version of durable understands."""
+
+
+class StaleRecordError(StoreError):
+    """A record write was conditioned on the version the run read, and the record changed.
+
+    Nothing of the call was written (neither records nor journal entries).
+    """
+
+    def __init__(self, namespace: str, key: str, expected: int, actual: int) -> None:
+        read = "absent" if expected == 0 else f"version {expected}"
+        now = "absent" if actual == 0 else f"now {actual}"
+        super().__init__(
+            f"record {namespace}/{key} changed since this run read it ({read}, {now}): "
+            "not overwritten; read it again and decide")
+        self.namespace = namespace
+        self.key = key
+        self.expected = expected
+        self.actual = actual
 
 
 class RunNotFoundError(DurableError):

@@ -91,6 +91,23 @@ class Run:
     result: JSON = None
     error: str | None = None
     timeout: float | None = None
+    recoveries: int = 0
+    """How many times the run's lease expired and the run was recovered (see max_recoveries)."""
+
+    @staticmethod
+    def scope_of(run_id: str, key: str | None) -> str:
+        """The fencing scope of a run: ``key:<key>``, or ``run:<id>`` for a run without one."""
+        return f"run:{run_id}" if key is None else f"key:{key}"
+
+    @property
+    def fencing_scope(self) -> str:
+        """Where this run's fencing token (epoch) is compared: see docs/design.md.
+
+        Tokens strictly increase within a scope (the concurrency key, whose holder the lease
+        protects, or the run itself when it has no key); tokens of different scopes are
+        unrelated and a service must not compare them.
+        """
+        return Run.scope_of(self.id, self.key)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -112,6 +129,7 @@ class Run:
             result=loads(row["result"]),
             error=row["error"],
             timeout=_opt_float(row["timeout"]),
+            recoveries=int(row["recoveries"]),
         )
 
     def evolve(self, **changes: Any) -> Run:
@@ -223,3 +241,6 @@ class Record:
     value: JSON
     epoch: int
     updated_at: float
+    version: int = 1
+    """Counts the record's writes (1 after the first); 0 stands for "absent" in a
+    compare-and-set (:meth:`durable.store.Store.put_records` ``expected``)."""

@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
 
 import anyio
@@ -48,8 +49,8 @@ def clock() -> FakeClock:
 
 
 @asynccontextmanager
-async def opened(url: str, clock: FakeClock) -> AsyncIterator[Store]:
-    store = store_from_url(url, clock=clock)
+async def opened(url: str, clock: FakeClock, **options: Any) -> AsyncIterator[Store]:
+    store = store_from_url(url, clock=clock, **options)
     await store.open()
     try:
         yield store
@@ -470,10 +471,11 @@ async def test_records_are_fenced(store: Store, clock: FakeClock) -> None:
     written = await store.get_record("slots", "x")
     assert written is not None and (written.value, written.epoch) == ("newer", newer.epoch)
 
-    # An older epoch cannot overwrite a newer one's record, and the whole call is undone.
+    # A superseded attempt cannot write, and the whole call is undone. (Epochs of two
+    # different runs are not compared: a stale read is caught by record versions.)
     before = await journal_kinds(store, "older")
-    assert not await store.put_records(fence(older), [("slots", "y", 1), ("slots", "x", 2)],
-                                       [STEP])
+    assert not await store.put_records(Fence("older", older.epoch - 1),
+                                       [("slots", "y", 1), ("slots", "x", 2)], [STEP])
     assert await store.get_record("slots", "y") is None
     assert await journal_kinds(store, "older") == before
     assert not await store.put_records(Fence("older", 0), [("slots", "z", 1)])
@@ -603,6 +605,12 @@ async def test_postgres_wait_for_work_wakes_on_queued_runs_and_cancels(
             await client.request_cancel("r1")
             with anyio.fail_after(5):
                 await wait_for_work(30)
-            assert await store.release(fence(run))
+            assert await store.release(fence(run))  # with the cancel pending: it ends
+            assert (await store.get_run("r1")).state is RunState.CANCELLED  # type: ignore[union-attr]
+            await create(client, "r2")
+            with anyio.fail_after(5):
+                await wait_for_work(30)
+            other = await claim_one(store)
+            assert await store.release(fence(other))  # released: queued again
             with anyio.fail_after(5):
                 await wait_for_work(30)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .._clock import Clock
 from .._types import (
     JSON,
+    EntryKind,
     Fence,
     JournalEntry,
     JournalWrite,
@@ -27,8 +29,35 @@ from .._types import (
     RunState,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The schema version this version of durable writes and understands."""
+
+DEFAULT_MAX_RECOVERIES = 10
+"""Recoveries (lease expiries) a run may have; the next one ends it failed.
+
+Each recovery means the run's worker died or froze while running it, and the next attempt
+runs its in-flight step again (``on_doubt="retry"``): ten in a row is a step that kills its
+worker, not bad luck. A graceful release (shutdown) is not a recovery. docs/design.md.
+"""
+
+CANCELLED_AT_RELEASE = "cancelled by operator (requested while the attempt was running)"
+CANCELLED_AT_RECOVERY = ("cancelled by operator (requested while the attempt was running; "
+                         "its worker died or froze)")
+
+
+def ended_entry(state: RunState, row: Mapping[str, Any], when: str) -> JournalWrite | None:
+    """The journal entry of a run that a release or a recovery ended instead of requeueing.
+
+    A pending operator cancel ends the run cancelled (it is never executed again); too many
+    recoveries end it failed. ``row`` has the run's ``error`` and (recovery) ``step``.
+    """
+    if state is RunState.CANCELLED:
+        return JournalWrite(EntryKind.RUN_CANCELLED, data={"by": "operator", "at": when})
+    if state is RunState.FAILED:
+        return JournalWrite(EntryKind.RUN_FAILED, data={
+            "error": row["error"], "error_type": "RecoveryLimitError",
+            "step": row["step"], "recoveries": int(row["recoveries"])})
+    return None
 
 
 class Store(abc.ABC):
@@ -36,6 +65,8 @@ class Store(abc.ABC):
 
     clock: Clock
     url: str
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES
+    """A run recovered more often than this ends failed (``?max_recoveries=N`` in the URL)."""
     created: str | None = None
     """Set by :meth:`open` when it created the database (or schema): where, for messages."""
 
@@ -100,8 +131,13 @@ class Store(abc.ABC):
     ) -> list[Run]:
         """Move up to ``limit`` runnable runs to running with a new epoch, in one statement.
 
-        A run is runnable when queued, due, and no other run with its concurrency key is
-        running. Finished runs are never claimed. With ``workflows``, only runs of those
+        A run is runnable when queued, due, and its concurrency key is free: no run of the
+        key is running, and the run is the key's first in line. A run that has started
+        (``attempt > 0``: released, recovered or replayed) is first in line, ahead of runs
+        that never started, which are served FIFO (``run_at``, then creation). Finished runs
+        are never claimed. A claimed run keeps ``cancel_requested`` (the attempt cancels at
+        once). Its epoch is above every earlier epoch of its fencing scope
+        (:attr:`durable.Run.fencing_scope`). With ``workflows``, only runs of those
         workflows (a worker never claims a run it cannot execute).
         """
 
@@ -137,7 +173,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
-        """Give a held run back to the queue at once (graceful shutdown)."""
+        """Give a held run back to the queue at once (graceful shutdown).
+
+        A run with a pending operator cancel is not queued: it ends ``cancelled`` (with a
+        ``run_cancelled`` entry after ``entries``).
+        """
 
     @abc.abstractmethod
     async def recover_stale(
@@ -157,7 +197,8 @@ class Store(abc.ABC):
     # -- operator actions ---------------------------------------------------------------------
     @abc.abstractmethod
     async def request_cancel(self, run_id: str) -> Run | None:
-        """Cancel a queued run at once, or flag a running one; None if neither applies."""
+        """Cancel a queued run at once, or flag a running one, in one statement; None if the
+        run is finished or missing."""
 
     @abc.abstractmethod
     async def requeue(
@@ -172,10 +213,17 @@ class Store(abc.ABC):
         fence: Fence | None,
         records: Sequence[tuple[str, str, JSON]],
         entries: Sequence[JournalWrite] = (),
+        *,
+        expected: Mapping[tuple[str, str], int] | None = None,
     ) -> bool:
         """Write records and journal entries in one transaction, only if the fence holds.
 
-        ``fence=None`` writes unfenced (seeding records from outside any run).
+        ``fence=None`` writes unfenced (seeding records from outside any run). Returns False
+        (nothing written) when the fence fails. ``expected`` maps ``(namespace, key)`` to the
+        :attr:`Record.version` the run read (0: absent); if any record has another version,
+        nothing is written and :class:`durable.StaleRecordError` is raised. Every write of a
+        record adds one to its version. Records are not guarded by epochs: tokens of
+        different runs are not compared (docs/design.md).
         """
 
     @abc.abstractmethod

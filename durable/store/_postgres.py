@@ -27,7 +27,9 @@ clock (docs/design.md, "Clocks").
 
 from __future__ import annotations
 
+import contextlib
 import re
+import select
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
@@ -42,7 +44,13 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from .._clock import Clock, WallClock
-from .._errors import ConfigError, SchemaVersionError, StoreError, StoreUnavailableError
+from .._errors import (
+    ConfigError,
+    SchemaVersionError,
+    StaleRecordError,
+    StoreError,
+    StoreUnavailableError,
+)
 from .._types import (
     JSON,
     Fence,
@@ -56,7 +64,13 @@ from .._types import (
     dumps,
     loads,
 )
-from ._base import SCHEMA_VERSION, Store
+from ._base import (
+    CANCELLED_AT_RECOVERY,
+    CANCELLED_AT_RELEASE,
+    DEFAULT_MAX_RECOVERIES,
+    SCHEMA_VERSION,
+    Store,
+)
 from ._sql import load_migrations, load_queries
 
 SERVER_NOW = "coalesce(%(now)s::double precision, extract(epoch from clock_timestamp()))"
@@ -71,6 +85,11 @@ CHANNEL = "durable_work"
 
 POOL_TIMEOUT = 10.0
 """Seconds to wait for a pooled connection before the store counts as unavailable."""
+
+STATEMENT_TIMEOUT = 30.0
+"""Seconds any statement may run (``statement_timeout`` of every connection): a statement
+waiting on a lock, or a server that stopped answering a query, fails as a StoreError
+instead of hanging its caller. One default lease: a write that takes longer is pointless."""
 
 TRIO_MESSAGE = (
     "the PostgreSQL store runs on asyncio only (psycopg's async driver needs an asyncio "
@@ -89,10 +108,15 @@ class PostgresStore(Store):
     """A store in a PostgreSQL schema, shared by any number of workers on any hosts."""
 
     def __init__(self, url: str, *, clock: Clock | None = None, pool_size: int = 10,
-                 create: bool = True) -> None:
+                 create: bool = True, max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+                 statement_timeout: float = STATEMENT_TIMEOUT) -> None:
         if pool_size < 1:
             raise ConfigError(f"pool_size must be at least 1, got {pool_size}")
-        self._conninfo, self.schema, self.url, self._secrets = _parse_url(url)
+        if statement_timeout <= 0:
+            raise ConfigError(f"statement_timeout must be positive, got {statement_timeout}")
+        self._conninfo, self.schema, self.url, self._secrets = _parse_url(
+            url, statement_timeout)
+        self.max_recoveries = max_recoveries
         # without an injected clock, time is the server's (SERVER_NOW); self.clock is then
         # only this host's estimate, for display
         self.clock = clock or WallClock()
@@ -208,15 +232,37 @@ class PostgresStore(Store):
     # -- plumbing ----------------------------------------------------------------------------
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[Conn]:
-        """A pooled connection (autocommit); driver errors become StoreErrors here."""
+        """A pooled connection (autocommit); driver errors become StoreErrors here.
+
+        A connection whose server end is gone (``pg_terminate_backend``, a server restart)
+        is found at checkout without a round trip, from what the server already sent, and
+        replaced: a statement is never sent on it, so a write that was known not to run
+        is not failed for it. A connection that breaks after the statement was sent fails
+        it (its outcome is unknown).
+        """
         pool = self._pool
         if pool is None:
             raise StoreError("the store is not open")
         try:
-            async with pool.connection() as conn:
+            conn = await pool.getconn()
+            for _ in range(self.pool_size):
+                if _alive(conn):
+                    break
+                # broken: closed, the pool discards it (and opens another)
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+                    await pool.putconn(conn)
+                conn = await pool.getconn()
+        except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+            raise self._translate(exc) from exc
+        try:
+            async with conn:
                 yield conn
         except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
             raise self._translate(exc) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pool.putconn(conn)
 
     async def _rows(self, query: str, params: Mapping[str, Any]) -> list[DictRow]:
         async with self._connection() as conn:
@@ -391,14 +437,19 @@ class PostgresStore(Store):
         return row is not None and row["done"] == 1
 
     async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
-        params = _fence_params(fence, self._now()) | _entry_arrays(entries)
+        params = _fence_params(fence, self._now()) | _entry_arrays(entries) | {
+            "cancelled_error": CANCELLED_AT_RELEASE,
+            "cancel_data": dumps({"by": "operator", "at": "release"})}
         row = await self._row(Q["release_run"], params)
         return row is not None and row["done"] == 1
 
     async def recover_stale(
         self, run_id: str | None = None, epoch: int | None = None
     ) -> list[Fence]:
-        params = {"run_id": run_id, "epoch": epoch, "now": self._now()}
+        params = {"run_id": run_id, "epoch": epoch, "now": self._now(),
+                  "max_recoveries": self.max_recoveries,
+                  "cancelled_error": CANCELLED_AT_RECOVERY,
+                  "cancel_data": dumps({"by": "operator", "at": "recovery"})}
         return [Fence(r["id"], int(r["epoch"]))
                 for r in await self._rows(Q["recover_stale"], params)]
 
@@ -409,9 +460,7 @@ class PostgresStore(Store):
     # -- operator actions ---------------------------------------------------------------------
     async def request_cancel(self, run_id: str) -> Run | None:
         params = {"run_id": run_id, "now": self._now(), "data": dumps({"by": "operator"})}
-        row = await self._row(Q["cancel_queued"], params)
-        if row is None:
-            row = await self._row(Q["cancel_running"], params)
+        row = await self._row(Q["request_cancel"], params)
         return None if row is None else Run.from_row(row)
 
     async def requeue(
@@ -428,29 +477,36 @@ class PostgresStore(Store):
         fence: Fence | None,
         records: Sequence[tuple[str, str, JSON]],
         entries: Sequence[JournalWrite] = (),
+        *,
+        expected: Mapping[tuple[str, str], int] | None = None,
     ) -> bool:
         now = self._now()
         # One row per key (the last value wins), as if written one after the other.
         latest = {(ns, key): dumps(value, "record value") for ns, key, value in records}
+        conditions = dict(expected or {})
         arrays = {
             "namespaces": [ns for ns, _ in latest],
             "keys": [key for _, key in latest],
             "values": list(latest.values()),
         }
-        if fence is None:
-            if latest:
-                async with self._connection() as conn:
-                    await conn.execute(Q["put_records_unfenced"], arrays | {"now": now})
+        if fence is not None and not latest and not entries:
             return True
-        if not latest and not entries:
-            return True
-        params = _fence_params(fence, now) | _entry_arrays(entries) | arrays
         try:
             async with self._connection() as conn, conn.transaction():
-                cur = await conn.execute(Q["put_records"], params)
-                row = await cur.fetchone()
-                if row is None or (row["entries"], row["records"]) != (len(entries), len(latest)):
-                    raise _Fenced
+                if fence is None:
+                    if not latest:
+                        return True
+                    cur = await conn.execute(Q["put_records_unfenced"], arrays | {"now": now})
+                    written = [(r["namespace"], r["key"], int(r["version"]))
+                               for r in await cur.fetchall()]
+                else:
+                    params = _fence_params(fence, now) | _entry_arrays(entries) | arrays
+                    cur = await conn.execute(Q["put_records"], params)
+                    row = await cur.fetchone()
+                    if row is None or not row["held"] or row["entries"] != len(entries):
+                        raise _Fenced
+                    written = [(ns, key, int(v)) for ns, key, v in loads(row["versions"])]
+                _check_versions(conditions, written)
         except _Fenced:
             return False
         return True
@@ -552,10 +608,46 @@ def _entry_arrays(entries: Sequence[JournalWrite]) -> dict[str, list[Any]]:
 
 def _record(row: Mapping[str, Any]) -> Record:
     return Record(row["namespace"], row["key"], loads(row["value"]), int(row["epoch"]),
-                  float(row["updated_at"]))
+                  float(row["updated_at"]), int(row["version"]))
 
 
-def _parse_url(url: str) -> tuple[str, str, str, tuple[str, ...]]:
+def _check_versions(expected: Mapping[tuple[str, str], int],
+                    written: Sequence[tuple[str, str, int]]) -> None:
+    """Raise StaleRecordError (rolling the caller's transaction back) unless every record
+    written under a condition had the expected version just before this write.
+
+    Each write adds one under the upsert's row lock, and an insert starts at 1, so the
+    version before the write is the returned one minus 1 (0: the record was absent).
+    """
+    for ns, key, version in written:
+        want = expected.get((ns, key))
+        if want is not None and version - 1 != want:
+            raise StaleRecordError(ns, key, want, version - 1)
+
+
+def _alive(conn: Conn) -> bool:
+    """Whether a pooled connection may still be used, without a round trip.
+
+    An idle connection's socket has nothing to read. After ``pg_terminate_backend`` or a
+    server shutdown it holds a FATAL error and the end of the stream: then (or whenever
+    the server sent something unasked) the connection is not used.
+    """
+    if conn.closed or conn.broken:
+        return False
+    pgconn = conn.pgconn
+    try:
+        readable, _, _ = select.select([pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.OperationalError):
+        return False
+    if readable:
+        with contextlib.suppress(psycopg.OperationalError):
+            pgconn.consume_input()
+        return False
+    return bool(pgconn.status == psycopg.pq.ConnStatus.OK)
+
+
+def _parse_url(url: str, statement_timeout: float = STATEMENT_TIMEOUT
+               ) -> tuple[str, str, str, tuple[str, ...]]:
     """(libpq conninfo, schema, URL safe to show, secrets to hide) from a postgresql:// URL.
 
     The URL is handed to libpq as written (its own percent-decoding, no ``+`` for space):
@@ -596,10 +688,12 @@ def _parse_url(url: str) -> tuple[str, str, str, tuple[str, ...]]:
     except psycopg.Error as exc:
         raise ConfigError(
             f"malformed PostgreSQL URL {shown}: {_redact(str(exc), hidden)}") from exc
-    search_path = f"-c search_path={schema}"
+    settings = f"-c search_path={schema}"
+    if "statement_timeout" not in str(params.get("options") or ""):  # the URL's own wins
+        settings += f" -c statement_timeout={max(1, round(statement_timeout * 1000))}"
     extra: dict[str, Any] = {
-        "options": f"{params['options']} {search_path}" if params.get("options")
-        else search_path,
+        "options": f"{params['options']} {settings}" if params.get("options")
+        else settings,
     }
     if not params.get("connect_timeout"):
         extra["connect_timeout"] = 10

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import anyio
 
 from .._clock import Clock, default_sqlite_clock
-from .._errors import SchemaVersionError, StoreError, StoreUnavailableError
+from .._errors import SchemaVersionError, StaleRecordError, StoreError, StoreUnavailableError
 from .._types import (
     JSON,
     EntryKind,
@@ -34,7 +34,14 @@ from .._types import (
     dumps,
     loads,
 )
-from ._base import SCHEMA_VERSION, Store
+from ._base import (
+    CANCELLED_AT_RECOVERY,
+    CANCELLED_AT_RELEASE,
+    DEFAULT_MAX_RECOVERIES,
+    SCHEMA_VERSION,
+    Store,
+    ended_entry,
+)
 from ._sql import load_migrations, load_queries
 from ._thread import DbThread, retry_busy
 
@@ -67,6 +74,7 @@ class SqliteStore(Store):
         synchronous: str = "NORMAL",
         busy_timeout: float = 5.0,
         create: bool = True,
+        max_recoveries: int = DEFAULT_MAX_RECOVERIES,
     ) -> None:
         self.path = path
         self.url = f"sqlite:///{path}"
@@ -77,6 +85,7 @@ class SqliteStore(Store):
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
         self._create = create
+        self.max_recoveries = max_recoveries
         # seconds an open (and a write) waits for other connections that hold the file
         self._open_wait = max(30.0, busy_timeout)
         self._db: DbThread | None = None
@@ -161,7 +170,8 @@ class SqliteStore(Store):
     async def aclose(self) -> None:
         db, self._db = self._db, None
         if db is not None:
-            db.stop()
+            # in a thread: the database thread may be waiting for another process's lock
+            await anyio.to_thread.run_sync(db.stop)
 
     async def schema_version(self) -> int:
         return await self._run(self._read_version, write=False)
@@ -399,29 +409,44 @@ class SqliteStore(Store):
     async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
         now = self.clock.now()
         rows = [_entry_params(fence, e, now) for e in entries]
-        params = {"run_id": fence.run_id, "epoch": fence.epoch, "now": now}
+        params = {"run_id": fence.run_id, "epoch": fence.epoch, "now": now,
+                  "cancelled_error": CANCELLED_AT_RELEASE}
 
         def tx(conn: sqlite3.Connection) -> bool:
             for entry in rows:
                 if conn.execute(Q["append_entry"], entry).rowcount != 1:
                     raise _Fenced
-            if conn.execute(Q["release_run"], params).rowcount != 1:
+            row = conn.execute(Q["release_run"], params).fetchone()
+            if row is None:
                 raise _Fenced
+            self._journal_end(conn, row, "release", now)
             return True
 
         return await self._fenced(tx)
 
+    @staticmethod
+    def _journal_end(conn: sqlite3.Connection, row: Mapping[str, Any], when: str,
+                     now: float) -> None:
+        """The entry of a run that a release or a recovery ended instead of requeueing."""
+        entry = ended_entry(RunState(row["state"]), row, when)
+        if entry is not None:
+            conn.execute(Q["append_unfenced"],
+                         _entry_params(Fence(row["id"], int(row["epoch"])), entry, now))
+
     async def recover_stale(
         self, run_id: str | None = None, epoch: int | None = None
     ) -> list[Fence]:
-        params = {"run_id": run_id, "epoch": epoch, "now": self.clock.now()}
+        now = self.clock.now()
+        params = {"run_id": run_id, "epoch": epoch, "now": now,
+                  "max_recoveries": self.max_recoveries,
+                  "cancelled_error": CANCELLED_AT_RECOVERY}
 
         def tx(conn: sqlite3.Connection) -> list[Fence]:
             conn.execute(Q["journal_recovery"], params)
-            return [
-                Fence(r["id"], int(r["epoch"]))
-                for r in conn.execute(Q["recover_stale"], params).fetchall()
-            ]
+            rows = conn.execute(Q["recover_stale"], params).fetchall()
+            for row in rows:
+                self._journal_end(conn, row, "recovery", now)
+            return [Fence(r["id"], int(r["epoch"])) for r in rows]
 
         return await self._run(tx)
 
@@ -440,14 +465,12 @@ class SqliteStore(Store):
         params = {"run_id": run_id, "now": now}
 
         def tx(conn: sqlite3.Connection) -> Run | None:
-            row = conn.execute(Q["cancel_queued"], params).fetchone()
-            kind = EntryKind.RUN_CANCELLED
-            if row is None:
-                row = conn.execute(Q["cancel_running"], params).fetchone()
-                kind = EntryKind.RUN_CANCEL_REQUESTED
+            row = conn.execute(Q["request_cancel"], params).fetchone()
             if row is None:
                 return None
             run = Run.from_row(row)
+            kind = (EntryKind.RUN_CANCELLED if run.state is RunState.CANCELLED
+                    else EntryKind.RUN_CANCEL_REQUESTED)
             conn.execute(
                 Q["append_unfenced"],
                 _entry_params(Fence(run.id, run.epoch),
@@ -487,25 +510,39 @@ class SqliteStore(Store):
         fence: Fence | None,
         records: Sequence[tuple[str, str, JSON]],
         entries: Sequence[JournalWrite] = (),
+        *,
+        expected: Mapping[tuple[str, str], int] | None = None,
     ) -> bool:
         now = self.clock.now()
         run_id = None if fence is None else fence.run_id
         epoch = 0 if fence is None else fence.epoch
+        # One write per key (the last value wins), as if written one after the other.
+        latest = {(ns, key): dumps(value, "record value") for ns, key, value in records}
         rows = [
-            {"namespace": ns, "key": key, "value": dumps(value, "record value"),
-             "epoch": epoch, "run_id": run_id, "now": now}
-            for ns, key, value in records
+            {"namespace": ns, "key": key, "value": value, "epoch": epoch, "run_id": run_id,
+             "now": now}
+            for (ns, key), value in latest.items()
         ]
         journal_rows = [] if fence is None else [_entry_params(fence, e, now) for e in entries]
+        conditions = dict(expected or {})
 
         def tx(conn: sqlite3.Connection) -> bool:
+            if fence is not None and conn.execute(
+                    Q["fence_holds"], _entry_params(fence, JournalWrite(EntryKind.VALUE),
+                                                    now)).fetchone() is None:
+                raise _Fenced
             for entry in journal_rows:
                 if conn.execute(Q["append_entry"], entry).rowcount != 1:
                     raise _Fenced
+            for (ns, key), version in conditions.items():
+                found = conn.execute(Q["record_version"],
+                                     {"namespace": ns, "key": key}).fetchone()
+                actual = 0 if found is None else int(found[0])
+                if actual != version:
+                    raise StaleRecordError(ns, key, version, actual)
+            query = Q["put_record"] if fence is not None else Q["put_record_unfenced"]
             for params in rows:
-                query = Q["put_record"] if fence is not None else Q["put_record_unfenced"]
-                if conn.execute(query, params).rowcount != 1:
-                    raise _Fenced
+                conn.execute(query, params)
             return True
 
         return await self._fenced(tx)
@@ -530,7 +567,7 @@ class _Fenced(Exception):
 
 def _record(row: Mapping[str, Any]) -> Record:
     return Record(row["namespace"], row["key"], loads(row["value"]), int(row["epoch"]),
-                  float(row["updated_at"]))
+                  float(row["updated_at"]), int(row["version"]))
 
 
 def _split_script(script: str) -> list[str]:

@@ -34,6 +34,8 @@ import anyio
 import sniffio
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
 
+from .._errors import StoreError
+
 T = TypeVar("T")
 
 MAX_BATCH = 512
@@ -143,6 +145,10 @@ class DbThread:
         self._inline_commits = 0
         self._pending: list[_Job[Any]] = []
         self._flushing = False
+        # held to hand a job to the thread, and by the thread when it ends: no job is
+        # queued after the thread stopped taking them (it would wait forever)
+        self._handoff = threading.Lock()
+        self._ended = False
         self.inline_jobs = 0
         self.thread_jobs = 0
 
@@ -160,6 +166,8 @@ class DbThread:
             self._inline.execute("PRAGMA wal_autocheckpoint = 0")
 
     def stop(self) -> None:
+        """Close the connections; waits for the thread's current job (call it in a thread:
+        that job may be waiting for another process's write lock)."""
         if self._inline is not None:
             self._inline.close()
             self._inline = None
@@ -197,7 +205,13 @@ class DbThread:
     def _to_thread(self, job: _Job[Any]) -> None:
         job.wake = _waker(job.event)
         self.thread_jobs += 1
-        self._queue.put(job)
+        with self._handoff:
+            if not self._ended:
+                self._queue.put(job)
+                return
+        job.error = StoreError("the store's database thread is not running (the store was "
+                               "closed)")
+        job.event.set()
 
     async def run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         """Run ``fn(conn)``; writes run inside a transaction.
@@ -207,8 +221,9 @@ class DbThread:
         commit). Otherwise in the database thread. If the caller is cancelled while the job
         runs in the thread, the job still runs to its end; only the wait is abandoned.
         """
-        if self._thread is None:
-            raise RuntimeError("the store is closed")
+        if self._thread is None or self._ended:
+            raise StoreError("the store's database thread is not running (the store was "
+                             "closed)")
         inline = self._inline
         if inline is None:
             job: _Job[T] = _Job(fn, write)
@@ -280,17 +295,35 @@ class DbThread:
                         stop = True
                         break
                     batch.append(more)
-                reads = [j for j in batch if not j.write]
-                writes = [j for j in batch if j.write]
-                for j in reads:
-                    self._run_read(conn, j)
-                if writes:
-                    self._run_writes(conn, writes)
-                for j in batch:
-                    j.wake()
+                try:
+                    reads = [j for j in batch if not j.write]
+                    writes = [j for j in batch if j.write]
+                    for j in reads:
+                        self._run_read(conn, j)
+                    if writes:
+                        self._run_writes(conn, writes)
+                except BaseException as exc:  # never die with callers waiting
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.rollback()
+                    for j in batch:
+                        if j.error is None and j.result is None:
+                            j.error = exc
+                finally:
+                    for j in batch:
+                        j.wake()
                 if stop:
                     return
         finally:
+            with self._handoff:
+                self._ended = True
+            while True:  # fail whatever is still queued
+                try:
+                    left = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if left is not None:
+                    left.error = StoreError("the store's database thread ended")
+                    left.wake()
             conn.close()
 
     @staticmethod
@@ -314,28 +347,34 @@ class DbThread:
 
 
 def _run_batch(conn: sqlite3.Connection, jobs: list[_Job[Any]]) -> None:
-    """Run write jobs inside the open transaction, each in a savepoint, then commit."""
-    if len(jobs) == 1:
-        job = jobs[0]
-        try:
-            job.result = job.fn(conn)
-        except BaseException as exc:
-            job.error = exc
-            conn.rollback()
-            return
-    else:
-        for job in jobs:
-            conn.execute("SAVEPOINT job")
+    """Run write jobs inside the open transaction, each in a savepoint, then commit.
+
+    If the transaction itself fails (a SAVEPOINT, ROLLBACK TO, RELEASE or COMMIT raises),
+    it is rolled back and every job of the batch fails with that error: none of them was
+    committed.
+    """
+    try:
+        if len(jobs) == 1:
+            job = jobs[0]
             try:
                 job.result = job.fn(conn)
             except BaseException as exc:
                 job.error = exc
-                conn.execute("ROLLBACK TO job")
-            conn.execute("RELEASE job")
-    try:
+                conn.rollback()
+                return
+        else:
+            for job in jobs:
+                conn.execute("SAVEPOINT job")
+                try:
+                    job.result = job.fn(conn)
+                except BaseException as exc:
+                    job.error = exc
+                    conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
         conn.commit()
     except BaseException as exc:
-        conn.rollback()
+        with contextlib.suppress(sqlite3.Error):
+            conn.rollback()
         for job in jobs:
             job.error = exc
             job.result = None

@@ -6,19 +6,47 @@ from urllib.parse import parse_qs, urlsplit
 
 from .._clock import Clock
 from .._errors import ConfigError
-from ._base import Store
+from ._base import DEFAULT_MAX_RECOVERIES, Store
+
+
+def _take_option(url: str, name: str) -> tuple[str, str | None]:
+    """The URL without the query item ``name``, and its (last) value."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, None
+    kept: list[str] = []
+    value: str | None = None
+    for item in query.split("&"):
+        if item.partition("=")[0] == name:
+            value = item.partition("=")[2]
+        elif item:
+            kept.append(item)
+    return (f"{base}?{'&'.join(kept)}" if kept else base), value
 
 
 def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
-                   pool_size: int = 10) -> Store:
+                   pool_size: int = 10, max_recoveries: int | None = None,
+                   statement_timeout: float | None = None) -> Store:
     """A (not yet opened) store for ``sqlite:///path.db`` or ``postgresql://...``.
 
     ``sqlite:///durable.db`` is relative to the working directory,
     ``sqlite:////var/lib/durable.db`` absolute. ``?synchronous=full`` makes SQLite fsync
-    every commit.
+    every commit. ``?max_recoveries=N`` (both stores; default
+    :data:`DEFAULT_MAX_RECOVERIES`) bounds how often a run is recovered before it ends
+    failed. ``statement_timeout`` (seconds, PostgreSQL) bounds every statement.
     """
     if not url:
         raise ConfigError("no database given: pass --db sqlite:///durable.db or set DURABLE_DB")
+    url, from_url = _take_option(url, "max_recoveries")
+    if from_url is not None:
+        try:
+            max_recoveries = int(from_url)
+        except ValueError as exc:
+            raise ConfigError(f"max_recoveries must be a whole number, got {from_url!r}") from exc
+    if max_recoveries is None:
+        max_recoveries = DEFAULT_MAX_RECOVERIES
+    if max_recoveries < 0:
+        raise ConfigError(f"max_recoveries must be 0 or more, got {max_recoveries}")
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
         from ._sqlite import SqliteStore
@@ -46,7 +74,7 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
             raise ConfigError(
                 f"synchronous must be off, normal, full or extra, not {synchronous!r}")
         return SqliteStore(path, clock=clock, synchronous=synchronous, busy_timeout=busy,
-                           create=create)
+                           create=create, max_recoveries=max_recoveries)
     if scheme in ("postgresql", "postgres"):
         try:
             from ._postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
@@ -54,7 +82,11 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
             raise ConfigError(
                 "PostgreSQL needs the postgres extra: pip install 'durable-fenced[postgres]'"
             ) from exc
-        store: Store = PostgresStore(url, clock=clock, create=create, pool_size=pool_size)
+        extra: dict[str, float] = {}
+        if statement_timeout is not None:
+            extra["statement_timeout"] = statement_timeout
+        store: Store = PostgresStore(url, clock=clock, create=create, pool_size=pool_size,
+                                     max_recoveries=max_recoveries, **extra)
         return store
     parts = urlsplit(url)
     raise ConfigError(

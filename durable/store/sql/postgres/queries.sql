@@ -46,7 +46,9 @@ SELECT min(run_at) AS run_at FROM durable_runs WHERE state = 'queued';
 -- name: claim
 -- Candidates are locked with SKIP LOCKED, so competing workers take different runs without
 -- waiting for each other. A run with a concurrency key is a candidate only when no run of
--- its key is running and it is the first queued run of its key; the unique index
+-- its key is running and it is the first queued run of its key: a run that has started
+-- (released, recovered or replayed: attempt > 0) comes first, then runs that never started,
+-- FIFO by run_at and creation (an interrupted run keeps its key). The unique index
 -- durable_runs_one_running_per_key settles the remaining races (the store treats its
 -- violation as "claimed nothing").
 WITH candidates AS (
@@ -58,15 +60,16 @@ WITH candidates AS (
             NOT EXISTS (SELECT 1 FROM durable_runs AS x
                         WHERE x.concurrency_key = r.concurrency_key AND x.state = 'running')
             AND r.id = (SELECT y.id FROM durable_runs AS y
-                        WHERE y.concurrency_key = r.concurrency_key
-                          AND y.state = 'queued' AND y.run_at <= %(now)s
-                        ORDER BY y.run_at, y.created_at, y.id LIMIT 1)))
+                        WHERE y.concurrency_key = r.concurrency_key AND y.state = 'queued'
+                        ORDER BY y.attempt = 0, y.run_at, y.created_at, y.id LIMIT 1)))
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE durable_runs AS d
     SET state = 'running',
+        -- a claim in a fencing scope (a key, or the run) follows the scope's previous claim's
+        -- commit, so its nextval is above that claim's: strictly increasing per scope
         epoch = nextval('durable_epochs'),
         attempt = d.attempt + 1,
         worker = %(worker)s,
@@ -127,20 +130,28 @@ WITH run AS (
 SELECT count(*) AS done FROM run;
 
 -- name: release_run
+-- A run whose cancel was requested is not queued again: it ends cancelled, and its
+-- run_cancelled entry follows the caller's entries.
 WITH run AS (
     UPDATE durable_runs
-    SET state = 'queued', worker = NULL, lease_expires_at = NULL, run_at = %(now)s,
-        updated_at = %(now)s
+    SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
+        error = CASE WHEN cancel_requested THEN %(cancelled_error)s ELSE error END,
+        worker = NULL, lease_expires_at = NULL, run_at = %(now)s, updated_at = %(now)s
     WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
       AND lease_expires_at > %(now)s
-    RETURNING id, epoch
+    RETURNING id, epoch, state
 ), journaled AS (
     INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
     SELECT run.id, run.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s, e.data
     FROM run
-    CROSS JOIN unnest(%(kinds)s::text[], %(steps)s::integer[], %(step_keys)s::text[],
-                      %(names)s::text[], %(attempts)s::integer[], %(datas)s::text[])
-         WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
+    CROSS JOIN (
+        SELECT * FROM unnest(%(kinds)s::text[], %(steps)s::integer[], %(step_keys)s::text[],
+                             %(names)s::text[], %(attempts)s::integer[], %(datas)s::text[])
+             WITH ORDINALITY AS u(kind, step, step_key, name, attempt, data, ord)
+        UNION ALL
+        SELECT 'run_cancelled', NULL, NULL, NULL, NULL, %(cancel_data)s, 9223372036854775807
+    ) AS e
+    WHERE e.ord < 9223372036854775807 OR run.state = 'cancelled'
     ORDER BY e.ord
 )
 SELECT count(*) AS done FROM run;
@@ -149,51 +160,80 @@ SELECT count(*) AS done FROM run;
 -- A compare-and-set per run: the expired runs are locked with SKIP LOCKED, so a second
 -- concurrent recovery skips them (or, once the first committed, no longer finds them
 -- running) and recovers nothing. The run_recovered entry is written by the same statement.
+-- Each recovery counts; a run with a pending cancel ends cancelled, and one recovered more
+-- than %(max_recoveries)s times ends failed, naming the step its last attempt had started.
 WITH stale AS (
     SELECT id, epoch, worker, lease_expires_at, heartbeat_at FROM durable_runs
     WHERE state = 'running' AND lease_expires_at <= %(now)s
       AND (%(run_id)s::text IS NULL OR (id = %(run_id)s::text AND epoch = %(epoch)s::bigint))
     FOR NO KEY UPDATE SKIP LOCKED
+), last_step AS (
+    SELECT DISTINCT ON (j.run_id) j.run_id, j.step, j.name
+    FROM durable_journal AS j JOIN stale ON j.run_id = stale.id AND j.epoch = stale.epoch
+    WHERE j.kind = 'step_started'
+    ORDER BY j.run_id, j.seq DESC
 ), recovered AS (
     UPDATE durable_runs AS d
-    SET state = 'queued', worker = NULL, lease_expires_at = NULL, run_at = %(now)s,
-        updated_at = %(now)s
-    FROM stale
+    SET state = CASE WHEN d.cancel_requested THEN 'cancelled'
+                     WHEN d.recoveries + 1 > %(max_recoveries)s THEN 'failed'
+                     ELSE 'queued' END,
+        error = CASE
+            WHEN d.cancel_requested THEN %(cancelled_error)s
+            WHEN d.recoveries + 1 > %(max_recoveries)s THEN
+                'the worker died (or froze past its lease) ' || (d.recoveries + 1)::text
+                || ' times while running this run, the last time '
+                || coalesce('at step ' || ls.step::text || ' (' || coalesce(ls.name, '?') || ')',
+                            'when no step was running')
+                || '; gave up after max_recoveries=' || %(max_recoveries)s::text
+                || ' recoveries'
+            ELSE d.error END,
+        recoveries = d.recoveries + 1,
+        worker = NULL, lease_expires_at = NULL, run_at = %(now)s, updated_at = %(now)s
+    FROM stale LEFT JOIN last_step AS ls ON ls.run_id = stale.id
     WHERE d.id = stale.id AND d.state = 'running'
-    RETURNING d.id, d.epoch, stale.worker, stale.lease_expires_at, stale.heartbeat_at
+    RETURNING d.id, d.epoch, d.state, d.error, d.recoveries, ls.step, stale.worker,
+              stale.lease_expires_at, stale.heartbeat_at
 ), journaled AS (
     INSERT INTO durable_journal (run_id, epoch, kind, at, data)
-    SELECT id, epoch, 'run_recovered', %(now)s,
-           json_build_object('lease_expired_at', lease_expires_at, 'worker', worker,
-                             'last_heartbeat_at', heartbeat_at)::text
-    FROM recovered
+    SELECT e.id, e.epoch, e.kind, %(now)s, e.data FROM (
+        SELECT id, epoch, 'run_recovered' AS kind, 0 AS ord,
+               json_build_object('lease_expired_at', lease_expires_at, 'worker', worker,
+                                 'last_heartbeat_at', heartbeat_at)::text AS data
+        FROM recovered
+        UNION ALL
+        SELECT id, epoch, 'run_cancelled', 1, %(cancel_data)s
+        FROM recovered WHERE state = 'cancelled'
+        UNION ALL
+        SELECT id, epoch, 'run_failed', 1,
+               json_build_object('error', error, 'error_type', 'RecoveryLimitError',
+                                 'step', step, 'recoveries', recoveries)::text
+        FROM recovered WHERE state = 'failed'
+    ) AS e
+    ORDER BY e.id, e.ord
 )
 SELECT id, epoch FROM recovered ORDER BY id;
 
 -- name: journal
 SELECT * FROM durable_journal WHERE run_id = %(run_id)s AND seq > %(after)s ORDER BY seq;
 
--- name: cancel_queued
+-- name: request_cancel
+-- One statement: a queued run is cancelled at once, a running one is flagged. A concurrent
+-- release or claim of the run is waited for and the row re-checked, so a run that is queued
+-- or running is never answered "nothing to cancel".
 WITH run AS (
     UPDATE durable_runs
-    SET state = 'cancelled', error = 'cancelled before it started', updated_at = %(now)s
-    WHERE id = %(run_id)s AND state = 'queued'
+    SET state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
+        error = CASE WHEN state = 'queued' THEN 'cancelled before it started' ELSE error END,
+        cancel_requested = (state = 'running') OR cancel_requested,
+        updated_at = %(now)s
+    WHERE id = %(run_id)s AND state IN ('queued', 'running')
     RETURNING *
 ), journaled AS (
     INSERT INTO durable_journal (run_id, epoch, kind, at, data)
-    SELECT id, epoch, 'run_cancelled', %(now)s, %(data)s FROM run
-)
-SELECT * FROM run;
-
--- name: cancel_running
-WITH run AS (
-    UPDATE durable_runs
-    SET cancel_requested = true, updated_at = %(now)s
-    WHERE id = %(run_id)s AND state = 'running'
-    RETURNING *
-), journaled AS (
-    INSERT INTO durable_journal (run_id, epoch, kind, at, data)
-    SELECT id, epoch, 'run_cancel_requested', %(now)s, %(data)s FROM run
+    SELECT id, epoch,
+           CASE WHEN state = 'cancelled' THEN 'run_cancelled' ELSE 'run_cancel_requested' END,
+           %(now)s, %(data)s
+    FROM run
 )
 SELECT * FROM run;
 
@@ -211,8 +251,10 @@ WITH run AS (
 SELECT * FROM run;
 
 -- name: put_records
--- Fenced: nothing is written unless the fence holds; a record already written by a newer
--- epoch is not overwritten (the store then rolls the whole call back).
+-- Fenced: nothing is written unless the fence holds (the caller checks "held" and rolls the
+-- transaction back). Each write adds one to the record's version, under the row lock of the
+-- upsert: the caller compares the returned versions with the versions it expected + 1 (a
+-- compare-and-set) and rolls back on a mismatch. Records are not guarded by epochs.
 WITH fence AS (
     SELECT id, epoch FROM durable_runs
     WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
@@ -229,25 +271,30 @@ WITH fence AS (
     ORDER BY e.ord
     RETURNING 1
 ), written AS (
-    INSERT INTO durable_records (namespace, key, value, epoch, updated_at)
-    SELECT r.namespace, r.key, r.value, fence.epoch, %(now)s
+    INSERT INTO durable_records (namespace, key, value, epoch, updated_at, version)
+    SELECT r.namespace, r.key, r.value, fence.epoch, %(now)s, 1
     FROM fence
     CROSS JOIN unnest(%(namespaces)s::text[], %(keys)s::text[], %(values)s::text[])
          AS r(namespace, key, value)
     ON CONFLICT (namespace, key) DO UPDATE
-    SET value = excluded.value, epoch = excluded.epoch, updated_at = excluded.updated_at
-    WHERE excluded.epoch >= durable_records.epoch
-    RETURNING 1
+    SET value = excluded.value, epoch = excluded.epoch, updated_at = excluded.updated_at,
+        version = durable_records.version + 1
+    RETURNING namespace, key, version
 )
-SELECT (SELECT count(*) FROM journaled) AS entries, (SELECT count(*) FROM written) AS records;
+SELECT (SELECT count(*) FROM fence) AS held,
+       (SELECT count(*) FROM journaled) AS entries,
+       (SELECT coalesce(json_agg(json_build_array(namespace, key, version)), '[]')::text
+        FROM written) AS versions;
 
 -- name: put_records_unfenced
-INSERT INTO durable_records (namespace, key, value, epoch, updated_at)
-SELECT r.namespace, r.key, r.value, 0, %(now)s
+INSERT INTO durable_records (namespace, key, value, epoch, updated_at, version)
+SELECT r.namespace, r.key, r.value, 0, %(now)s, 1
 FROM unnest(%(namespaces)s::text[], %(keys)s::text[], %(values)s::text[])
      AS r(namespace, key, value)
 ON CONFLICT (namespace, key) DO UPDATE
-SET value = excluded.value, updated_at = excluded.updated_at;
+SET value = excluded.value, updated_at = excluded.updated_at,
+    version = durable_records.version + 1
+RETURNING namespace, key, version;
 
 -- name: get_record
 SELECT * FROM durable_records WHERE namespace = %(namespace)s AND key = %(key)s;

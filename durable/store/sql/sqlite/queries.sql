@@ -27,6 +27,10 @@ ORDER BY created_at DESC, id DESC
 LIMIT 1;
 
 -- name: claim
+-- The epoch is max(epoch) + 1, once per statement: every run claimed by one statement gets
+-- the same token. Tokens are compared within a fencing scope (a concurrency key, or the run
+-- itself), and one statement claims at most one run per key, so within every scope each
+-- claim's token is above every earlier one's.
 UPDATE durable_runs
 SET state = 'running',
     epoch = (SELECT coalesce(max(epoch), 0) + 1 FROM durable_runs),
@@ -41,13 +45,15 @@ WHERE +state = 'queued'  -- unary +: look the chosen ids up by primary key, not 
     WHERE r.state = 'queued' AND r.run_at <= :now
       AND (:run_id IS NULL OR r.id = :run_id)
       AND (:workflows IS NULL OR r.workflow IN (SELECT value FROM json_each(:workflows)))
+      -- A key is held by its running run, and by a run that has started and is queued
+      -- again (released or recovered): it comes first, ahead of runs that never started,
+      -- which are served FIFO (run_at, then creation).
       AND (r.concurrency_key IS NULL OR (
             NOT EXISTS (SELECT 1 FROM durable_runs AS x
                         WHERE x.concurrency_key = r.concurrency_key AND x.state = 'running')
             AND r.id = (SELECT y.id FROM durable_runs AS y
-                        WHERE y.concurrency_key = r.concurrency_key
-                          AND y.state = 'queued' AND y.run_at <= :now
-                        ORDER BY y.run_at, y.created_at, y.id LIMIT 1)))
+                        WHERE y.concurrency_key = r.concurrency_key AND y.state = 'queued'
+                        ORDER BY y.attempt = 0, y.run_at, y.created_at, y.id LIMIT 1)))
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT :limit)
 RETURNING *;
@@ -56,7 +62,9 @@ RETURNING *;
 UPDATE durable_runs
 SET lease_expires_at = :now + :lease,
     heartbeat_at = :now,
-    heartbeat_detail = coalesce(json_extract(:details, '$."' || id || '"'), heartbeat_detail)
+    -- ids are data: looked up as json_each keys, never spliced into a JSON path
+    heartbeat_detail = coalesce((SELECT d.value FROM json_each(:details) AS d WHERE d.key = id),
+                                heartbeat_detail)
 WHERE state = 'running' AND worker = :worker AND lease_expires_at > :now
   AND (id, epoch) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
                       FROM json_each(:held))
@@ -80,9 +88,13 @@ SET state = :state, result = :result, error = :error, updated_at = :now,
 WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND lease_expires_at > :now;
 
 -- name: release_run
+-- A run whose cancel was requested is not queued again: it ends cancelled.
 UPDATE durable_runs
-SET state = 'queued', worker = NULL, lease_expires_at = NULL, run_at = :now, updated_at = :now
-WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND lease_expires_at > :now;
+SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
+    error = CASE WHEN cancel_requested THEN :cancelled_error ELSE error END,
+    worker = NULL, lease_expires_at = NULL, run_at = :now, updated_at = :now
+WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND lease_expires_at > :now
+RETURNING id, epoch, state, error;
 
 -- name: journal_recovery
 INSERT INTO durable_journal (run_id, epoch, kind, at, data)
@@ -94,25 +106,45 @@ WHERE state = 'running' AND lease_expires_at <= :now
   AND (:run_id IS NULL OR (id = :run_id AND epoch = :epoch));
 
 -- name: recover_stale
+-- Requeue, unless a cancel is pending (then cancelled) or the run has now been recovered
+-- more than :max_recoveries times (then failed, naming the step its last attempt started).
 UPDATE durable_runs
-SET state = 'queued', worker = NULL, lease_expires_at = NULL, run_at = :now, updated_at = :now
+SET state = CASE WHEN cancel_requested THEN 'cancelled'
+                 WHEN recoveries + 1 > :max_recoveries THEN 'failed'
+                 ELSE 'queued' END,
+    error = CASE
+        WHEN cancel_requested THEN :cancelled_error
+        WHEN recoveries + 1 > :max_recoveries THEN
+            'the worker died (or froze past its lease) ' || (recoveries + 1)
+            || ' times while running this run, the last time '
+            || coalesce((SELECT 'at step ' || j.step || ' (' || coalesce(j.name, '?') || ')'
+                         FROM durable_journal AS j
+                         WHERE j.run_id = durable_runs.id AND j.epoch = durable_runs.epoch
+                           AND j.kind = 'step_started'
+                         ORDER BY j.seq DESC LIMIT 1),
+                        'when no step was running')
+            || '; gave up after max_recoveries=' || :max_recoveries || ' recoveries'
+        ELSE error END,
+    recoveries = recoveries + 1,
+    worker = NULL, lease_expires_at = NULL, run_at = :now, updated_at = :now
 WHERE state = 'running' AND lease_expires_at <= :now
   AND (:run_id IS NULL OR (id = :run_id AND epoch = :epoch))
-RETURNING id, epoch;
+RETURNING id, epoch, state, error, recoveries,
+    (SELECT j.step FROM durable_journal AS j
+     WHERE j.run_id = durable_runs.id AND j.epoch = durable_runs.epoch
+       AND j.kind = 'step_started' ORDER BY j.seq DESC LIMIT 1) AS step;
 
 -- name: journal
 SELECT * FROM durable_journal WHERE run_id = :run_id AND seq > :after ORDER BY seq;
 
--- name: cancel_queued
+-- name: request_cancel
+-- One statement: a queued run is cancelled at once, a running one is flagged.
 UPDATE durable_runs
-SET state = 'cancelled', error = 'cancelled before it started', updated_at = :now
-WHERE id = :run_id AND state = 'queued'
-RETURNING *;
-
--- name: cancel_running
-UPDATE durable_runs
-SET cancel_requested = 1, updated_at = :now
-WHERE id = :run_id AND state = 'running'
+SET state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
+    error = CASE WHEN state = 'queued' THEN 'cancelled before it started' ELSE error END,
+    cancel_requested = CASE WHEN state = 'running' THEN 1 ELSE cancel_requested END,
+    updated_at = :now
+WHERE id = :run_id AND state IN ('queued', 'running')
 RETURNING *;
 
 -- name: requeue
@@ -123,14 +155,21 @@ WHERE id = :run_id AND state IN ('failed', 'cancelled')
 RETURNING *;
 
 -- name: put_record
-INSERT INTO durable_records (namespace, key, value, epoch, updated_at)
-SELECT :namespace, :key, :value, :epoch, :now
-WHERE EXISTS (SELECT 1 FROM durable_runs
-              WHERE id = :run_id AND epoch = :epoch AND state = 'running'
-                AND lease_expires_at > :now)
+-- The fence is checked once per call (fence_holds); a record's version counts its writes.
+-- Tokens are compared within a fencing scope only, so a record is not guarded by epochs:
+-- a write conditioned on what the run read uses the version (record_version).
+INSERT INTO durable_records (namespace, key, value, epoch, updated_at, version)
+VALUES (:namespace, :key, :value, :epoch, :now, 1)
 ON CONFLICT (namespace, key) DO UPDATE
-SET value = excluded.value, epoch = excluded.epoch, updated_at = excluded.updated_at
-WHERE excluded.epoch >= durable_records.epoch;
+SET value = excluded.value, epoch = excluded.epoch, updated_at = excluded.updated_at,
+    version = durable_records.version + 1;
+
+-- name: fence_holds
+SELECT 1 FROM durable_runs
+WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND lease_expires_at > :now;
+
+-- name: record_version
+SELECT version FROM durable_records WHERE namespace = :namespace AND key = :key;
 
 -- name: get_record
 SELECT * FROM durable_records WHERE namespace = :namespace AND key = :key;
@@ -142,7 +181,8 @@ SELECT * FROM durable_records WHERE namespace = :namespace ORDER BY key;
 SELECT min(run_at) AS run_at FROM durable_runs WHERE state = 'queued';
 
 -- name: put_record_unfenced
-INSERT INTO durable_records (namespace, key, value, epoch, updated_at)
-VALUES (:namespace, :key, :value, :epoch, :now)
+INSERT INTO durable_records (namespace, key, value, epoch, updated_at, version)
+VALUES (:namespace, :key, :value, :epoch, :now, 1)
 ON CONFLICT (namespace, key) DO UPDATE
-SET value = excluded.value, updated_at = excluded.updated_at;
+SET value = excluded.value, updated_at = excluded.updated_at,
+    version = durable_records.version + 1;

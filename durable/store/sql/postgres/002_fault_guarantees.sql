@@ -1,0 +1,9 @@
+-- Schema version 2 (PostgreSQL): recoveries are counted per run (bounded by
+-- max_recoveries), and records carry a version for compare-and-set writes.
+ALTER TABLE durable_runs ADD COLUMN recoveries integer NOT NULL DEFAULT 0;
+ALTER TABLE durable_records ADD COLUMN version bigint NOT NULL DEFAULT 1;
+-- Fencing tokens are compared within a scope (the concurrency key, or the run): the
+-- sequence gives every claim a value above every earlier claim's, so they increase
+-- strictly within every scope.
+COMMENT ON SEQUENCE durable_epochs IS
+    'fencing tokens: strictly increasing within a run''s concurrency key (or the run)';

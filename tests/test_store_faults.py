@@ -1,0 +1,267 @@
+"""Store guarantees under faults (issue 8), on SQLite and PostgreSQL, asyncio and trio.
+
+An interrupted run keeps its key, a pending cancel is never executed again, recoveries are
+bounded, fencing tokens increase in their scope, ids are data, and records are written by
+compare-and-set on the version a run read.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from durable._clock import FakeClock
+from durable._errors import StaleRecordError
+from durable._types import EntryKind, Fence, JournalWrite, NewRun, Run, RunState
+from durable.store import Store, store_from_url
+from tests.test_store_contract import (
+    LEASE,
+    claim_one,
+    clock,
+    create,
+    fence,
+    journal_kinds,
+    opened,
+    pg_url,
+    postgres_server,
+    raw_execute,
+    store,
+    store_url,
+)
+
+__all__ = ["clock", "pg_url", "postgres_server", "store", "store_url"]  # fixtures
+
+pytestmark = pytest.mark.anyio
+
+
+def ids(runs: list[Run]) -> list[str]:
+    return sorted(r.id for r in runs)
+
+
+# -- 1. an interrupted run keeps its place on its key -------------------------------------------
+async def test_a_released_run_keeps_its_key_against_a_later_run(store: Store,
+                                                                 clock: FakeClock) -> None:
+    await create(store, "reset", key="slot-1")
+    reset = await claim_one(store)
+    clock.advance(1)
+    await create(store, "teardown", key="slot-1")  # queued while the reset runs
+    assert await store.release(fence(reset), [JournalWrite(EntryKind.RUN_INTERRUPTED)])
+    clock.advance(1)
+    # The teardown's run_at is older than the released reset's: FIFO by run_at alone would
+    # hand it the key. The reset has started, so it keeps the key.
+    again = await store.claim("w2", LEASE, 10)
+    assert ids(again) == ["reset"]
+    assert again[0].attempt == 2
+    assert await store.claim("w3", LEASE, 10) == []
+    assert await store.finish(fence(again[0]), RunState.COMPLETED)
+    assert ids(await store.claim("w3", LEASE, 10)) == ["teardown"]
+
+
+async def test_a_recovered_run_keeps_its_key_against_a_later_run(store: Store,
+                                                                  clock: FakeClock) -> None:
+    await create(store, "reset", key="slot-1")
+    reset = await claim_one(store)
+    clock.advance(1)
+    await create(store, "teardown", key="slot-1")
+    clock.advance(LEASE)
+    assert await store.recover_stale() == [fence(reset)]
+    assert await store.claim("w2", LEASE, 10, run_id="teardown") == []
+    assert ids(await store.claim("w2", LEASE, 10)) == ["reset"]
+
+
+async def test_runs_that_never_started_are_served_fifo_per_key(store: Store,
+                                                               clock: FakeClock) -> None:
+    now = clock.now()
+    # created first, due last
+    assert (await store.create_run(NewRun("z-late", "wf", [], "k", now + 5)))[1]
+    clock.advance(0.5)
+    assert (await store.create_run(NewRun("y-first", "wf", [], "k", now)))[1]
+    clock.advance(0.5)
+    assert (await store.create_run(NewRun("a-second", "wf", [], "k", now)))[1]  # same run_at
+    clock.advance(10)
+    order = []
+    while runs := await store.claim("w", LEASE, 10):
+        assert len(runs) == 1
+        order.append(runs[0].id)
+        assert await store.finish(fence(runs[0]), RunState.COMPLETED)
+    assert order == ["y-first", "a-second", "z-late"]  # run_at, then creation order
+
+
+# -- 2. a pending cancel is never executed again ------------------------------------------------
+async def test_release_of_a_run_with_a_pending_cancel_cancels_it(store: Store) -> None:
+    await create(store, "r1", key="k")
+    run = await claim_one(store)
+    assert await store.request_cancel("r1") is not None
+    assert await store.release(fence(run), [JournalWrite(EntryKind.RUN_INTERRUPTED)])
+    done = await store.get_run("r1")
+    assert done is not None and done.state is RunState.CANCELLED
+    assert done.error is not None and "cancel" in done.error
+    assert (await journal_kinds(store, "r1"))[-2:] == ["run_interrupted", "run_cancelled"]
+    assert await store.claim("w2", LEASE, 10) == []
+    await create(store, "next", key="k")  # the key is free again
+    assert ids(await store.claim("w2", LEASE, 10)) == ["next"]
+
+
+async def test_recovery_of_a_run_with_a_pending_cancel_cancels_it(store: Store,
+                                                                   clock: FakeClock) -> None:
+    await create(store, "r1")
+    run = await claim_one(store)
+    assert await store.request_cancel("r1") is not None
+    clock.advance(LEASE + 1)
+    assert await store.recover_stale() == [fence(run)]
+    done = await store.get_run("r1")
+    assert done is not None and done.state is RunState.CANCELLED
+    assert (await journal_kinds(store, "r1"))[-2:] == ["run_recovered", "run_cancelled"]
+    assert await store.claim("w2", LEASE, 10) == []
+
+
+async def test_claim_reports_a_cancel_flag_that_is_still_set(store_url: str, store: Store,
+                                                              clock: FakeClock) -> None:
+    # A run queued with the flag set (a database written by an older durable): the claim
+    # hands the flag to the attempt, which cancels without running code.
+    await create(store, "r1")
+    await anyio.to_thread.run_sync(
+        raw_execute, store_url,
+        "UPDATE durable_runs SET cancel_requested = "
+        + ("1" if store_url.startswith("sqlite") else "true") + " WHERE id = 'r1'")
+    run = await claim_one(store)
+    assert run.cancel_requested
+
+
+# -- 11. recoveries are counted and bounded -----------------------------------------------------
+async def test_recoveries_are_counted_and_bounded(store_url: str, clock: FakeClock) -> None:
+    async with opened(store_url, clock, max_recoveries=2) as store:
+        await create(store, "pill")
+        for n in range(1, 4):
+            run = await claim_one(store)
+            assert run.recoveries == n - 1
+            assert await store.append(fence(run), [JournalWrite(
+                EntryKind.STEP_STARTED, step=1, step_key="1:kill", name="kill", try_number=n)])
+            clock.advance(LEASE + 1)
+            assert await store.recover_stale() == [fence(run)]
+            after = await store.get_run("pill")
+            assert after is not None and after.recoveries == n
+            if n < 3:
+                assert after.state is RunState.QUEUED
+        assert after.state is RunState.FAILED
+        assert after.error is not None
+        assert "3 times" in after.error and "step 1 (kill)" in after.error, after.error
+        assert (await journal_kinds(store, "pill"))[-2:] == ["run_recovered", "run_failed"]
+        assert await store.claim("w", LEASE, 10) == []
+
+
+async def test_max_recoveries_from_the_url(store_url: str, clock: FakeClock) -> None:
+    sep = "&" if "?" in store_url else "?"
+    store = store_from_url(f"{store_url}{sep}max_recoveries=0", clock=clock)
+    await store.open()
+    try:
+        await create(store, "r1")
+        await claim_one(store)
+        clock.advance(LEASE + 1)
+        assert len(await store.recover_stale()) == 1
+        run = await store.get_run("r1")
+        assert run is not None and run.state is RunState.FAILED
+        assert run.error is not None and "no step was running" in run.error
+    finally:
+        await store.aclose()
+
+
+# -- 4. fencing tokens increase within their scope ----------------------------------------------
+async def test_fencing_scope_is_the_key_or_the_run(store: Store, clock: FakeClock) -> None:
+    keyed = await create(store, "a", key="slot-1")
+    unkeyed = await create(store, "b")
+    assert keyed.fencing_scope == "key:slot-1"
+    assert unkeyed.fencing_scope == "run:b"
+    assert Run.scope_of("x", None) == "run:x" and Run.scope_of("x", "k") == "key:k"
+
+
+async def test_tokens_strictly_increase_within_each_scope(store: Store,
+                                                          clock: FakeClock) -> None:
+    last: dict[str, int] = {}
+
+    def check(runs: list[Run]) -> None:
+        for r in runs:
+            assert r.epoch > last.get(r.fencing_scope, 0), (r.id, r.epoch, last)
+            last[r.fencing_scope] = r.epoch
+
+    for i in range(4):
+        await create(store, f"k{i}", key="K")
+        await create(store, f"u{i}")
+    await create(store, "other", key="L")
+    for _ in range(12):
+        runs = await store.claim("w", LEASE, 10)
+        check(runs)
+        for j, r in enumerate(runs):  # interrupt some, recover some, finish the rest
+            if j % 3 == 0:
+                assert await store.release(fence(r))
+            elif j % 3 == 1:
+                assert await store.finish(fence(r), RunState.COMPLETED)
+        clock.advance(LEASE + 1)
+        await store.recover_stale()
+    assert set(last) >= {"key:K", "key:L", "run:u0"}
+
+
+# -- 18. ids are data ----------------------------------------------------------------------------
+@pytest.mark.parametrize("odd", ['q"uote', "ap'os", "back\\slash", "dol$lar", "do.t",
+                                 "br[ack]et", "all\"'\\$.[*]"])
+async def test_odd_ids_do_not_break_other_runs_renewals(store: Store, odd: str) -> None:
+    await create(store, "plain")
+    await create(store, odd)
+    runs = await store.claim("w1", LEASE, 10)
+    assert ids(runs) == sorted(["plain", odd])
+    renewed = await store.renew("w1", [fence(r) for r in runs], LEASE,
+                                {r.id: {"at": r.id} for r in runs})
+    assert sorted(r.run_id for r in renewed) == sorted(["plain", odd])
+    for r in runs:  # every fenced write works with the id
+        assert await store.put_records(fence(r), [(odd, odd, odd)],
+                                       [JournalWrite(EntryKind.VALUE, data={"id": r.id})])
+    rec = await store.get_record(odd, odd)
+    assert rec is not None and rec.value == odd
+    assert await store.request_cancel(odd) is not None
+
+
+# -- records: compare-and-set on the version a run read -----------------------------------------
+async def test_records_carry_versions_and_refuse_stale_writes(store: Store) -> None:
+    await create(store, "a")
+    a = await claim_one(store)
+    assert await store.put_records(fence(a), [("slots", "s1", {"v": 1})],
+                                   expected={("slots", "s1"): 0})  # create only
+    first = await store.get_record("slots", "s1")
+    assert first is not None and first.version == 1
+    assert await store.put_records(fence(a), [("slots", "s1", {"v": 2})],
+                                   expected={("slots", "s1"): 1})
+    second = await store.get_record("slots", "s1")
+    assert second is not None and (second.value, second.version) == ({"v": 2}, 2)
+
+    before = await journal_kinds(store, "a")
+    with pytest.raises(StaleRecordError, match=r"slots/s1.*version 1.*now 2"):
+        await store.put_records(fence(a), [("slots", "other", 1), ("slots", "s1", {"v": 3})],
+                                [JournalWrite(EntryKind.VALUE, data={"x": 1})],
+                                expected={("slots", "s1"): 1})
+    assert await store.get_record("slots", "other") is None  # nothing of the call
+    assert await journal_kinds(store, "a") == before
+    with pytest.raises(StaleRecordError):
+        await store.put_records(fence(a), [("slots", "s1", 0)], expected={("slots", "s1"): 0})
+    # A blind write (no expected version) and an unfenced seed still advance the version.
+    assert await store.put_records(fence(a), [("slots", "s1", "blind")])
+    assert await store.put_records(None, [("slots", "s1", "seed")])
+    last = await store.get_record("slots", "s1")
+    assert last is not None and (last.value, last.version) == ("seed", 4)
+    # A fenced-out attempt gets False (not StaleRecordError), whatever the versions.
+    assert not await store.put_records(Fence("a", a.epoch + 100), [("slots", "s1", 1)],
+                                       expected={("slots", "s1"): 0})
+
+
+async def test_tokens_of_unrelated_runs_do_not_fence_each_others_records(
+        store: Store) -> None:
+    await create(store, "older", key="slot-1")
+    older = await claim_one(store)
+    await create(store, "newer", key="slot-2")
+    newer = await claim_one(store)
+    assert newer.epoch > older.epoch
+    assert await store.put_records(fence(newer), [("hooks", "shared", "newer")])
+    # tokens are compared within a scope only: the older run (another key, still holding
+    # its lease) is not fenced out of a record the newer one wrote
+    assert await store.put_records(fence(older), [("hooks", "shared", "older")])
+    rec = await store.get_record("hooks", "shared")
+    assert rec is not None and (rec.value, rec.epoch) == ("older", older.epoch)

@@ -1,0 +1,205 @@
+"""The SQLite database thread under faults: group commit isolates jobs, the thread survives
+savepoint errors, and closing never blocks the event loop. Real SQLite files, asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from durable._clock import FakeClock
+from durable._errors import StoreError
+from durable._types import EntryKind, JournalWrite
+from durable.store._sqlite import SqliteStore
+from durable.store._thread import DbThread
+from tests.helpers import poll
+from tests.test_store_contract import claim_one, create, fence
+
+pytestmark = pytest.mark.anyio
+
+
+def connector(path: Path) -> Callable[[], sqlite3.Connection]:
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+        return conn
+    return connect
+
+
+def make_table(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (name TEXT PRIMARY KEY)")
+
+
+def names(path: Path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        return sorted(r[0] for r in conn.execute("SELECT name FROM t"))
+
+
+def insert(name: str, *, fail: bool = False) -> Callable[[sqlite3.Connection], str]:
+    def job(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT INTO t (name) VALUES (?)", (name,))
+        if fail:
+            raise ValueError(f"{name} fails after writing")
+        return name
+    return job
+
+
+async def run_batch(db: DbThread, jobs: list[Callable[[sqlite3.Connection], str]]
+                    ) -> list[str | BaseException]:
+    """Run jobs concurrently so they are committed as one group."""
+    results: list[str | BaseException] = [""] * len(jobs)
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = await db.run(jobs[i])
+        except BaseException as exc:
+            results[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(jobs)):
+            tg.start_soon(one, i)
+    return results
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "thread"])
+async def test_a_failing_job_of_a_group_commit_leaves_nothing(tmp_path: Path,
+                                                              inline: bool) -> None:
+    path = tmp_path / "g.db"
+    make_table(path)
+    gate = threading.Event()
+    db = DbThread(connector(path), busy_retry=5.0,
+                  connect_inline=connector(path) if inline else None)
+    await anyio.to_thread.run_sync(db.start)
+    await anyio.to_thread.run_sync(db.start_inline)
+    try:
+        if not inline:  # hold the thread so the three jobs queue up into one batch
+            def hold(conn: sqlite3.Connection) -> str:
+                gate.wait(10)
+                return "held"
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(db.run, hold)
+                await anyio.lowlevel.checkpoint()
+                batch = anyio.Event()
+
+                async def jobs() -> None:
+                    nonlocal got
+                    got = await run_batch(db, [insert("a"), insert("b", fail=True),
+                                               insert("c")])
+                    batch.set()
+                got: list[str | BaseException] = []
+                tg.start_soon(jobs)
+                await anyio.lowlevel.checkpoint()
+                await anyio.lowlevel.checkpoint()
+                gate.set()
+                await batch.wait()
+        else:
+            got = await run_batch(db, [insert("a"), insert("b", fail=True), insert("c")])
+            assert db.inline_jobs == 3  # one batch on the inline connection
+    finally:
+        gate.set()
+        await anyio.to_thread.run_sync(db.stop)
+    assert got[0] == "a" and got[2] == "c"
+    assert isinstance(got[1], ValueError)
+    assert names(path) == ["a", "c"]  # b's insert was rolled back to its savepoint
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "thread"])
+async def test_a_savepoint_error_fails_the_batch_and_the_thread_survives(
+        tmp_path: Path, inline: bool) -> None:
+    path = tmp_path / "s.db"
+    make_table(path)
+    db = DbThread(connector(path), busy_retry=5.0,
+                  connect_inline=connector(path) if inline else None)
+    await anyio.to_thread.run_sync(db.start)
+    await anyio.to_thread.run_sync(db.start_inline)
+
+    def breaks_savepoint(conn: sqlite3.Connection) -> str:
+        conn.execute("RELEASE job")  # the batch's own RELEASE then fails: no such savepoint
+        return "broke"
+
+    try:
+        with anyio.fail_after(10):
+            got = await run_batch(db, [insert("a"), breaks_savepoint, insert("c")])
+            assert all(isinstance(g, BaseException) for g in got), got
+            # the database is usable afterwards, on both paths
+            assert await db.run(insert("after")) == "after"
+            if inline:  # the thread path too
+                db._inline = None
+            assert await db.run(insert("thread")) == "thread"
+    finally:
+        await anyio.to_thread.run_sync(db.stop)
+    assert "after" in names(path) and "thread" in names(path)
+
+
+async def test_a_dead_database_thread_fails_calls_instead_of_hanging(tmp_path: Path) -> None:
+    path = tmp_path / "d.db"
+    make_table(path)
+    db = DbThread(connector(path), busy_retry=5.0)
+    await anyio.to_thread.run_sync(db.start)
+    db._queue.put(None)
+    assert db._thread is not None
+    await anyio.to_thread.run_sync(db._thread.join)
+    with anyio.fail_after(5), pytest.raises(StoreError, match="database thread"):
+        await db.run(insert("x"))
+
+
+async def test_aclose_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    clock = FakeClock()
+    store = SqliteStore(str(path), clock=clock, busy_timeout=0.1)
+    await store.open()
+    await create(store, "r1")
+    run = await claim_one(store)
+
+    # Another process's connection holds the write lock until the event loop has shown it
+    # keeps running while aclose waits for the database thread.
+    locked = threading.Event()
+    release = threading.Event()
+
+    def other_process() -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        locked.set()
+        release.wait(10)  # bounded: a blocked loop can never set it
+        conn.execute("COMMIT")
+        conn.close()
+
+    holder = threading.Thread(target=other_process)
+    holder.start()
+    await anyio.to_thread.run_sync(locked.wait)
+    db = store._db
+    assert db is not None
+    sent = db.thread_jobs
+    state = {"closed": False, "closed_when_ticked": True, "ticks": 0}
+    try:
+        async with anyio.create_task_group() as tg:
+            async def write_then_close() -> None:
+                async with anyio.create_task_group() as inner:
+                    # the write misses inline (locked) and waits in the database thread
+                    inner.start_soon(store.append, fence(run),
+                                     [JournalWrite(EntryKind.VALUE, data={"x": 1})])
+                    await poll(lambda: db.thread_jobs > sent)
+                    tg.start_soon(ticker)
+                    await store.aclose()
+                    state["closed"] = True
+
+            async def ticker() -> None:
+                for _ in range(20):  # the loop runs while aclose waits for the thread
+                    state["ticks"] += 1
+                    await anyio.lowlevel.checkpoint()
+                state["closed_when_ticked"] = state["closed"]
+                release.set()
+
+            tg.start_soon(write_then_close)
+    finally:
+        release.set()
+        await anyio.to_thread.run_sync(holder.join)
+    assert state["ticks"] == 20 and state["closed"]
+    assert state["closed_when_ticked"] is False
