@@ -23,7 +23,11 @@ Retry and ``on_doubt`` per activity, and why:
 - Lookups and ``git ls-remote`` only read: retried, re-run.
 - Creating a repository is not idempotent (a second create answers 409, which is also what
   someone else's repository looks like): retried only by the engine's policy, and a crash
-  mid-call is *in doubt* -> ``on_doubt="fail"``, for an operator to check.
+  mid-call is *in doubt* -> ``on_doubt="fail"``. Its lookup reads the repository back (the
+  create marks it with the run and step in its description): found and ours, the step is
+  done and its result is the repository; absent or someone else's, it did not happen; no
+  answer, it stays in doubt for an operator, whose ``--accept-in-doubt`` asks the lookup
+  again for the result.
 - The TTS call is billed. It carries an idempotency key made of the step's own key
   (``<run id>/item-<n>``) and the item, the same on every try and every attempt, so the
   service answers a repeated call from its record instead of billing again. Only because
@@ -73,6 +77,7 @@ __all__ = [
     "ResourceMissingError",
     "check_config",
     "create_repository",
+    "created_repository",
     "delete_application",
     "delete_database",
     "delete_env_vars",
@@ -308,22 +313,51 @@ async def require_absent(ctx: durable.ActivityContext, full_name: str) -> str:
     return "absent"
 
 
+def _creation_mark(ctx: durable.ActivityContext) -> str:
+    """What a repository created by this step says of itself (its description): the run and
+    the step, the same on every try, attempt and operator re-run of the step."""
+    return f"created by durable run {ctx.workflow_id} step {ctx.step_key}"
+
+
 @durable.activity("githost.create_repository", timeout=HTTP_TIMEOUT, retry=READ_RETRY,
                   on_doubt="fail")
 async def create_repository(ctx: durable.ActivityContext, full_name: str) -> dict[str, Any]:
     """Create a private repository; 409 (already existed) fails the step.
 
-    Not idempotent: a crash mid-call leaves the step in doubt for an operator.
+    Not idempotent: a crash mid-call leaves the step in doubt. The repository's description
+    names the run and step that created it, so the step's lookup
+    (:func:`created_repository`) can tell this step's repository from anyone else's.
     """
     workspace, slug = _split(full_name)
     with boundary("githost"):
-        result = await _githost(ctx).create(workspace, slug, is_private=True)
+        result = await _githost(ctx).create(workspace, slug, is_private=True,
+                                            description=_creation_mark(ctx))
     if result.outcome is CreateOutcome.ALREADY_EXISTED or result.repository is None:
         maybe_ours = (" (an earlier try of this step got no answer: it may have been this "
                       "run's own create; check before replaying)") if ctx.try_number > 1 else ""
         raise AlreadyExistsError(f"repository {full_name} already existed (409){maybe_ours}")
     repo = result.repository
     ctx.annotate(f"repository {full_name}: created")
+    return _repo_json(repo.full_name, repo.clone_url(), repo.mainbranch)
+
+
+@create_repository.lookup
+async def created_repository(ctx: durable.ActivityContext, full_name: str) -> Any:
+    """What became of a create in doubt, or accepted by an operator: read the repository.
+
+    Found and marked as created by this step: the step took effect, and its result is the
+    repository (so ``slot.promote`` goes on to push). Absent, or found but someone else's:
+    this step's create did not happen (``durable.NOT_DONE``; run again, it creates the
+    repository or fails on the 409 as any create would). A lookup that cannot tell (5xx,
+    401, no answer) raises: the step stays in doubt.
+    """
+    result = await _githost_lookup(ctx, full_name)
+    if result.outcome is Lookup.UNKNOWN or (
+            result.outcome is Lookup.FOUND and result.repository is None):
+        raise _unknown(result, full_name)
+    repo = result.repository
+    if repo is None or repo.description != _creation_mark(ctx):
+        return durable.NOT_DONE
     return _repo_json(repo.full_name, repo.clone_url(), repo.mainbranch)
 
 
