@@ -45,8 +45,8 @@ async def test_a_released_run_keeps_its_key_against_a_later_run(store: Store,
     reset = await claim_one(store)
     clock.advance(1)
     await create(store, "teardown", key="slot-1")  # queued while the reset runs
-    assert await store.release(fence(reset), [JournalWrite(EntryKind.RUN_INTERRUPTED)])
     clock.advance(1)
+    assert await store.release(fence(reset), [JournalWrite(EntryKind.RUN_INTERRUPTED)])
     # The teardown's run_at is older than the released reset's: FIFO by run_at alone would
     # hand it the key. The reset has started, so it keeps the key.
     again = await store.claim("w2", LEASE, 10)
@@ -202,8 +202,10 @@ async def test_tokens_strictly_increase_within_each_scope(store: Store,
 
 
 # -- 18. ids are data ----------------------------------------------------------------------------
-@pytest.mark.parametrize("odd", ['q"uote', "ap'os", "back\\slash", "dol$lar", "do.t",
-                                 "br[ack]et", "all\"'\\$.[*]"])
+# Each odd id starts with another run's id: a JSON path built from it would first find that
+# run's entry, then fail to parse the rest ("JSON path error"), failing the whole renewal.
+@pytest.mark.parametrize("odd", ['plain"uote', "plain'apos", "plain\\slash", "plain$",
+                                 "plain.dot", "plain[0]", "plain\"'\\$.[*]", 'plain"]'])
 async def test_odd_ids_do_not_break_other_runs_renewals(store: Store, odd: str) -> None:
     await create(store, "plain")
     await create(store, odd)
