@@ -17,7 +17,7 @@ it still holds its epoch (the store checks).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -37,6 +37,7 @@ from ._errors import (
     AttemptCancelled,
     LeaseLostError,
     NonDeterminismError,
+    StaleRecordError,
     StepInDoubtError,
     StoreError,
 )
@@ -44,7 +45,7 @@ from ._history import History
 from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease
 from ._logging import get_logger, redact
-from ._steps import Steps, describe
+from ._steps import Steps, describe, refuse_unknown
 from ._types import JSON, EntryKind, Fence, JournalWrite, Run, RunState, dumps
 
 if TYPE_CHECKING:
@@ -184,14 +185,20 @@ class Attempt:
             raise self.refusal()
 
     async def put_records(self, records: list[tuple[str, str, JSON]],
-                          entry: JournalWrite) -> None:
+                          entry: JournalWrite,
+                          expected: Mapping[tuple[str, str], int] | None = None) -> None:
         if not self.lease.holds():
             self.lose("lease expired locally")
             raise self.refusal()
         batch = self._take_deferred([entry])
         written = False
-        with self.lease.shielded(WRITE_TIMEOUT):
-            written = await self.store.put_records(self.fence, records, batch)
+        try:
+            with self.lease.shielded(WRITE_TIMEOUT):
+                written = await self.store.put_records(self.fence, records, batch,
+                                                       expected=expected)
+        except StaleRecordError:  # nothing was written: the deferred entries go with the next
+            self._deferred = [*batch[:-1], *self._deferred]
+            raise
         if not written:
             self.lose("a record write was refused, or its outcome is unknown")
             raise self.refusal()
@@ -305,6 +312,7 @@ class Attempt:
             return ("failed", TimeoutError(f"workflow timed out after {timeout:g} s"))
         if steps.doom is not None:
             return ("failed", steps.doom)
+        refuse_unknown(result)
         dumps(result, "the workflow's result")
         return ("completed", result)
 

@@ -84,6 +84,27 @@ class UnknownResult:
         return "<durable: unknown result of an accepted step>"
 
 
+def unknown_in(value: Any) -> UnknownResult | None:
+    """The first :class:`UnknownResult` inside a value about to be journaled, if any."""
+    if isinstance(value, UnknownResult):
+        return value
+    items = value.values() if isinstance(value, dict) else (
+        value if isinstance(value, list | tuple) else ())
+    for item in items:
+        found = unknown_in(item)
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_unknown(value: Any) -> None:
+    """Raise :class:`ResultUnknownError` if ``value`` holds an accepted step's unknown
+    result (rather than an unhelpful "not JSON serializable")."""
+    found = unknown_in(value)
+    if found is not None:
+        found._refuse()
+
+
 def _returns_none(fn: Callable[..., Any]) -> bool:
     annotation = inspect.signature(fn).return_annotation
     return annotation is None or annotation == "None"
@@ -102,6 +123,9 @@ class Steps:
         self._used_keys: set[str] = set()
         self._open_unkeyed: str | None = None
         self._rng = random.Random()
+        self.record_versions: dict[tuple[str, str], int] = {}
+        """The version of each record this run read (``get_record``), advanced by its own
+        ``set_records``: what a later write of that record is conditioned on."""
 
     @property
     def run_id(self) -> str:
@@ -187,24 +211,42 @@ class Steps:
                           key: str | None) -> None:
         with self.identified("durable.set_records", key) as view:
             if view.state is StepState.COMPLETED:
+                self._wrote(records)
                 return
+            # A record this run read is written only if it still has the version read
+            # (compare-and-set; StaleRecordError otherwise): a write is never based on a
+            # stale read, e.g. one journaled by an earlier attempt.
+            expected = {k: self.record_versions[k] for k in records
+                        if k in self.record_versions}
             entry = JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key,
                                  "durable.set_records", 1,
                                  {"result": None, "summary": summary,
                                   "records": [[ns, k] for ns, k in records]})
             await self.attempt.put_records([(ns, k, v) for (ns, k), v in records.items()],
-                                           entry)
+                                           entry, expected)
+            self._wrote(records)
             view.state = StepState.COMPLETED
+
+    def _wrote(self, records: Mapping[tuple[str, str], JSON]) -> None:
+        """A set_records committed (now or in an earlier attempt): each record this run had
+        read is one version further."""
+        for k in records:
+            if k in self.record_versions:
+                self.record_versions[k] += 1
 
     async def get_record(self, namespace: str, key: str) -> JSON:
         with self.identified("durable.get_record", None) as view:
             if view.state is StepState.COMPLETED:
+                if view.version is not None:
+                    self.record_versions[(namespace, key)] = view.version
                 return view.result
             record = await self.attempt.store.get_record(namespace, key)
             result = None if record is None else record.value
+            version = 0 if record is None else record.version
             await self.attempt.write([JournalWrite(
                 EntryKind.VALUE, view.number, view.key, "durable.get_record", 1,
-                {"result": result, "summary": f"{namespace}/{key}"})])
+                {"result": result, "summary": f"{namespace}/{key}", "version": version})])
+            self.record_versions[(namespace, key)] = version
             view.state, view.result = StepState.COMPLETED, result
             return result
 
@@ -353,6 +395,7 @@ class Steps:
     async def _tries(self, act: Activity, args: tuple[Any, ...], view: StepView,
                      log: Any) -> Any:
         attempt = self.attempt
+        refuse_unknown(args)
         while True:
             number = view.tries + 1
             ctx = self._context(view, number)

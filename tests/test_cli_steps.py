@@ -131,6 +131,11 @@ async def test_in_doubt_steps_and_the_chosen_resolution(tmp_path: Path) -> None:
     executed: list[str] = []
     gate = anyio.Event()
     _define(registry, executed, set(), gate)
+
+    @registry.activities["steps.do"].lookup
+    async def what_it_did(ctx: durable.ActivityContext, name: str) -> str:
+        return name  # an accepted step's result comes from its lookup, never a silent None
+
     async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
         async with durable.testing.running_worker(client):
             await client.start("steps.three", id="d")
@@ -152,4 +157,5 @@ async def test_in_doubt_steps_and_the_chosen_resolution(tmp_path: Path) -> None:
             await client.replay("d", in_doubt="accept")
             run = await client.wait("d")
     assert run.state is RunState.COMPLETED
+    assert run.result == ["one", "two", "three"]
     assert executed == ["three"]  # step 2 was not run again: it counted as done

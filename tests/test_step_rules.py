@@ -226,20 +226,33 @@ async def test_an_accepted_step_without_a_lookup_never_reads_as_none(
     async def create(ctx: durable.ActivityContext, name: str) -> dict[str, Any]:
         return {"id": 1}
 
-    @durable.workflow("promote", registry=registry)
-    async def promote(ctx: durable.WorkflowContext, name: str) -> Any:
-        repo = await create(ctx, name)
-        return repo["id"]
+    @durable.activity("repo.push", registry=registry)
+    async def push(ctx: durable.ActivityContext, repo: Any) -> None:
+        pushed.append(repo)
 
-    await client.start("promote", "starter", id="a")
-    await _in_doubt_run(client, "a", "repo.create", ["starter"])
+    @durable.workflow("promote", registry=registry)
+    async def promote(ctx: durable.WorkflowContext, name: str, use: str) -> Any:
+        repo = await create(ctx, name)
+        if use == "index":
+            return repo["id"]
+        if use == "argument":
+            await push(ctx, repo)
+        return repo  # "result"
+
+    pushed: list[Any] = []
+    for use in ("index", "argument", "result"):
+        await client.start("promote", "starter", use, id=use)
+        await _in_doubt_run(client, use, "repo.create", ["starter"])
     async with running_worker(client, registry):
-        assert (await client.wait("a")).state is RunState.FAILED
-        await client.replay("a", in_doubt="accept")
-        done = await client.wait("a")
-    assert done.state is RunState.FAILED
-    assert done.error is not None
-    assert "step 1 (repo.create)" in done.error and "lookup" in done.error
+        for use in ("index", "argument", "result"):
+            assert (await client.wait(use)).state is RunState.FAILED
+            await client.replay(use, in_doubt="accept")
+            done = await client.wait(use)
+            assert done.state is RunState.FAILED
+            assert done.error is not None
+            assert "ResultUnknownError" in done.error
+            assert "step 1 (repo.create)" in done.error and "lookup" in done.error
+    assert pushed == []
 
 
 async def test_an_on_doubt_fail_completion_is_committed_before_the_workflow_goes_on(
