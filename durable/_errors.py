@@ -9,8 +9,8 @@ The tree::
     │   └── RunConflictError          an id reused for another workflow or other arguments
     ├── StoreError                    the store could not do what was asked
     │   ├── StoreUnavailableError     the database cannot be opened or reached
-    │   ├── SchemaVersionError        the database was written by a newer durable
-    │   └── StaleRecordError          a record changed since the run read it (compare-and-set)
+    │   └── SchemaVersionError        the database was written by a newer durable
+    ├── StaleRecordError              a record changed since the run read it (compare-and-set)
     ├── RunNotFoundError              no run has that id
     ├── InvalidStateError             the run is not in a state that allows the operation
     ├── NonDeterminismError           a replay met a journaled step under another activity name
@@ -65,10 +65,11 @@ class SchemaVersionError(StoreError):
     """The database schema is newer than this version of durable understands."""
 
 
-class StaleRecordError(StoreError):
+class StaleRecordError(DurableError):
     """A record write was conditioned on the version the run read, and the record changed.
 
-    Nothing of the call was written (neither records nor journal entries).
+    Nothing of the call was written (neither records nor journal entries). Not a
+    StoreError: the store worked, and trying again cannot succeed without a new read.
     """
 
     def __init__(self, namespace: str, key: str, expected: int, actual: int) -> None:

@@ -46,6 +46,9 @@ class StepView:
     died: int = 0
     """Tries since then with no outcome that their attempt never reported: it died (or lost
     its lease) while the step ran."""
+    version: int | None = None
+    """For ``durable.get_record``: the record's version it read (0: absent), which a later
+    ``set_records`` of that record is conditioned on."""
 
     def in_doubt(self, current_epoch: int) -> bool:
         """Started by an earlier attempt with no outcome: the one definition of in doubt."""
@@ -126,6 +129,7 @@ class History:
             step.state = StepState.COMPLETED
             step.result = data.get("result")
             step.result_known = True
+            step.version = data.get("version")
             step.summary = data.get("summary")
             step.error = None
             step.accepted = bool(data.get("accepted"))
