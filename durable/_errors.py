@@ -9,6 +9,7 @@ The tree::
     │   └── RunConflictError          an id reused for another workflow or other arguments
     ├── StoreError                    the store could not do what was asked
     │   ├── StoreUnavailableError     the database cannot be opened or reached
+    │   │   └── NotSentError          ... before the statement was sent: nothing was written
     │   └── SchemaVersionError        the database was written by a newer durable
     ├── StaleRecordError              a record changed since the run read it (compare-and-set)
     ├── RunNotFoundError              no run has that id
@@ -59,6 +60,13 @@ class StoreError(DurableError):
 
 class StoreUnavailableError(StoreError):
     """The database cannot be opened or reached."""
+
+
+class NotSentError(StoreUnavailableError):
+    """The database could not be reached (or was busy) before the statement was sent or its
+    transaction began: nothing was written, so the write may be tried again (a fenced
+    write holds only while its lease does). Any other StoreError of a write leaves its
+    outcome unknown."""
 
 
 class SchemaVersionError(StoreError):

@@ -18,7 +18,7 @@ from durable._types import EntryKind, JournalWrite, RunState
 from durable.store import Store, store_from_url
 from tests.helpers import poll
 from tests.pg import connect_sync, pg_url, postgres_server
-from tests.test_store_contract import LEASE, claim_one, create, fence, journal_kinds
+from tests.test_store_contract import claim_one, create, fence, journal_kinds
 
 __all__ = ["pg_url", "postgres_server"]
 
@@ -128,6 +128,25 @@ async def test_a_statement_waiting_on_a_lock_is_bounded_by_statement_timeout(
                 await store.request_cancel("r1")
         finally:
             await anyio.to_thread.run_sync(conn.close)
-        assert LEASE > 0
+    finally:
+        await store.aclose()
+
+
+async def test_no_connection_at_checkout_is_not_sent_and_writes_nothing(pg_url: str) -> None:
+    from durable._errors import NotSentError
+    from durable.store._postgres import PostgresStore
+
+    store = PostgresStore(pg_url, clock=FakeClock(), pool_size=1, pool_timeout=0.3)
+    await store.open()
+    try:
+        await create(store, "r1")
+        run = await claim_one(store)
+        async with store._connection():
+            with anyio.fail_after(10), pytest.raises(NotSentError, match="no connection"):
+                await store.append(fence(run), [JournalWrite(EntryKind.VALUE, data={"n": 1})])
+        assert "value" not in await journal_kinds(store, "r1")
+        # tried again (within the lease), the write goes in once
+        assert await store.append(fence(run), [JournalWrite(EntryKind.VALUE, data={"n": 1})])
+        assert (await journal_kinds(store, "r1")).count("value") == 1
     finally:
         await store.aclose()

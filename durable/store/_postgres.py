@@ -46,6 +46,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from .._clock import Clock, WallClock
 from .._errors import (
     ConfigError,
+    NotSentError,
     SchemaVersionError,
     StaleRecordError,
     StoreError,
@@ -109,7 +110,8 @@ class PostgresStore(Store):
 
     def __init__(self, url: str, *, clock: Clock | None = None, pool_size: int = 10,
                  create: bool = True, max_recoveries: int = DEFAULT_MAX_RECOVERIES,
-                 statement_timeout: float = STATEMENT_TIMEOUT) -> None:
+                 statement_timeout: float = STATEMENT_TIMEOUT,
+                 pool_timeout: float = POOL_TIMEOUT) -> None:
         if pool_size < 1:
             raise ConfigError(f"pool_size must be at least 1, got {pool_size}")
         if statement_timeout <= 0:
@@ -117,6 +119,7 @@ class PostgresStore(Store):
         self._conninfo, self.schema, self.url, self._secrets = _parse_url(
             url, statement_timeout)
         self.max_recoveries = max_recoveries
+        self._pool_timeout = pool_timeout
         # without an injected clock, time is the server's (SERVER_NOW); self.clock is then
         # only this host's estimate, for display
         self.clock = clock or WallClock()
@@ -153,7 +156,7 @@ class PostgresStore(Store):
             min_size=1,
             max_size=self.pool_size,
             open=False,
-            timeout=POOL_TIMEOUT,
+            timeout=self._pool_timeout,
             # No check on every checkout: it cost a round trip per statement (+30 % claims/s
             # without it, docs/benchmarks-claims.md). A connection broken while idle fails
             # one statement as StoreError: the worker's loops retry, and an attempt whose
@@ -163,7 +166,7 @@ class PostgresStore(Store):
             name=f"durable:{self.schema}",
         )
         try:
-            await pool.open(wait=True, timeout=POOL_TIMEOUT)
+            await pool.open(wait=True, timeout=self._pool_timeout)
         except (psycopg.Error, PoolTimeout) as exc:
             with anyio.CancelScope(shield=True):
                 await pool.close()
@@ -253,7 +256,9 @@ class PostgresStore(Store):
                     await conn.close()
                     await pool.putconn(conn)
                 conn = await pool.getconn()
-        except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+        except PoolTimeout as exc:  # nothing was sent: the caller may try again
+            raise NotSentError(str(self._translate(exc))) from exc
+        except (psycopg.Error, PoolClosed) as exc:
             raise self._translate(exc) from exc
         try:
             async with conn:
@@ -287,7 +292,7 @@ class PostgresStore(Store):
             return StoreError("the store is closed")
         if isinstance(exc, PoolTimeout):
             return StoreUnavailableError(
-                f"PostgreSQL at {self.url}: no connection within {POOL_TIMEOUT:g} s (the "
+                f"PostgreSQL at {self.url}: no connection within {self._pool_timeout:g} s (the "
                 f"server is unreachable, or all {self.pool_size} pooled connections are busy)"
             )
         message = _redact(str(exc), self._secrets)

@@ -19,7 +19,13 @@ from typing import Any, TypeVar
 import anyio
 
 from .._clock import Clock, default_sqlite_clock
-from .._errors import SchemaVersionError, StaleRecordError, StoreError, StoreUnavailableError
+from .._errors import (
+    NotSentError,
+    SchemaVersionError,
+    StaleRecordError,
+    StoreError,
+    StoreUnavailableError,
+)
 from .._types import (
     JSON,
     EntryKind,
@@ -224,7 +230,10 @@ class SqliteStore(Store):
             return await db.run(fn, write=write)
         except sqlite3.DatabaseError as exc:
             message = str(exc)
-            if "locked" in message or "busy" in message or "unable to open" in message:
+            if "locked" in message or "busy" in message:
+                # BEGIN IMMEDIATE waited its turn in vain: the transaction never began
+                raise NotSentError(f"SQLite database {self.path}: {message}") from exc
+            if "unable to open" in message:
                 raise StoreUnavailableError(f"SQLite database {self.path}: {message}") from exc
             if "not a database" in message or "malformed" in message:
                 raise StoreUnavailableError(
