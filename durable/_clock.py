@@ -11,7 +11,7 @@ sends requests. So:
   ``durable_meta``, with the boot's id; every later process of that boot reads it, so all
   agree on "now" and a wall-clock step changes nothing. The first open of a new boot expires
   every running lease: the processes that held them died with the previous boot.
-- the PostgreSQL store judges time in SQL by the server's ``clock_timestamp()``.
+- the PostgreSQL store judges time in SQL by the server's clock (``statement_timestamp()``).
 - an attempt's local deadline is kept on :func:`boottime` too, so time spent suspended
   (when the monotonic clock stops) counts against it.
 

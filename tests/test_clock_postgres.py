@@ -1,7 +1,7 @@
 """Leases judged by the PostgreSQL server's clock (issue 8, item 5).
 
 With no injected clock, the PostgreSQL store's statements read the time in SQL
-(``clock_timestamp()``), so a step of a worker's or a reader's wall clock changes nothing:
+(``statement_timestamp()``), so a step of a worker's or a reader's wall clock changes nothing:
 not the lease a claim or renewal writes, not the fence of a write, not a recovery's verdict,
 not when a started run is due.
 
@@ -136,3 +136,51 @@ async def test_a_worker_keeps_its_lease_while_the_wall_clock_jumps_an_hour(
         assert done.result == "done"
         journal = await client.journal("c1")
         assert [e.kind for e in journal].count(EntryKind.RUN_CLAIMED) == 1
+
+
+async def test_the_servers_time_keeps_the_queue_and_lease_indexes_usable(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's time must be one the planner can use as an index bound: with a
+    volatile function (``clock_timestamp()``) a claim scanned every delayed queued run and
+    the sweep every running one, on each poll. The plans are those of the statements the
+    store sends, with the parameters it sends (recorded on their way to the driver)."""
+    import json
+
+    import psycopg
+
+    from durable.store._postgres import Q
+
+    sent: dict[str, tuple[str, object]] = {}
+    execute = psycopg.AsyncConnection.execute
+
+    async def recording(self: psycopg.AsyncConnection[object], query: str,
+                        params: object = None, **kwargs: object) -> object:
+        for name in ("claim", "recover_stale"):
+            if query == Q[name]:
+                sent[name] = (query, params)
+        return await execute(self, query, params, **kwargs)  # type: ignore[arg-type]
+
+    with connect_sync(pg_url) as conn:
+        async with durable.Client.connect(pg_url) as client:  # the schema
+            conn.execute(
+                "INSERT INTO durable_runs (id, workflow, args, state, run_at, created_at, "
+                "updated_at, worker, lease_expires_at) "
+                "SELECT 'r' || g, 'wf', '[]', CASE WHEN g % 10 = 0 THEN 'running' "
+                "WHEN g % 2 = 0 THEN 'queued' ELSE 'completed' END, "
+                "extract(epoch from now()) + 3600 + g, g, g, 'w', "
+                "CASE WHEN g % 10 = 0 THEN extract(epoch from now()) + 3600 + g END "
+                "FROM generate_series(1, 20000) AS g")
+            conn.execute("ANALYZE durable_runs")
+            monkeypatch.setattr(psycopg.AsyncConnection, "execute", recording)
+            assert await client.store.claim("w", 30.0, 10) == []
+            assert await client.store.recover_stale() == []
+            monkeypatch.undo()
+
+        def plan(name: str) -> str:
+            query, params = sent[name]
+            row = conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchone()
+            return json.dumps(row[0])
+
+        claim, sweep = plan("claim"), plan("recover_stale")
+    assert "durable_runs_leases" in sweep and '"Index Cond": "(lease_expires_at <=' in sweep, sweep
+    assert '"Index Cond": "(run_at <=' in claim, claim

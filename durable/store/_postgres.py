@@ -17,9 +17,10 @@ lock their candidates with ``FOR UPDATE SKIP LOCKED`` so workers compete without
 and epochs come from one sequence, so fencing tokens are globally monotonic and distinct.
 
 Time: leases are written and judged by the server's clock, in SQL: ``%(now)s`` in
-queries.sql stands for :data:`SERVER_NOW`, which is the server's ``clock_timestamp()`` (the
-present, not the transaction's start) unless a clock was injected (a
-:class:`durable.testing.FakeClock` in tests), whose time the store then passes. So the
+queries.sql stands for :data:`SERVER_NOW`, which is the server's ``statement_timestamp()``
+(when the server received the statement; not ``now()``, the transaction's start) unless a
+clock was injected (a :class:`durable.testing.FakeClock` in tests), whose time the store
+then passes. So the
 workers' and readers' own clocks take no part: a host whose clock is off or steps neither
 recovers live runs nor writes past its lease. What remains is a step of the server's own
 clock (docs/design.md, "Clocks").
@@ -74,9 +75,12 @@ from ._base import (
 )
 from ._sql import load_migrations, load_queries
 
-SERVER_NOW = "coalesce(%(now)s::double precision, extract(epoch from clock_timestamp()))"
+SERVER_NOW = "coalesce(%(now)s::double precision, extract(epoch from statement_timestamp()))"
 """What ``%(now)s`` in queries.sql becomes: the injected clock's time when the store passes
-one, else (``now`` is None) the server's clock when the statement reads it."""
+one, else (``now`` is None) the server's clock when it received the statement. One value for
+the whole statement, and stable, so the planner uses it as an index bound: with the
+volatile ``clock_timestamp()``, every claim scanned all delayed queued runs and every sweep
+all running ones (tests/test_clock_postgres.py)."""
 
 Q = {name: query.replace("%(now)s", SERVER_NOW)
      for name, query in load_queries("postgres").items()}

@@ -1,7 +1,7 @@
 -- Named queries of the PostgreSQL store. Each claim and state change is one statement.
 -- Parameters are psycopg's %(name)s. %(now)s is the time: the store replaces it with
--- SERVER_NOW (durable/store/_postgres.py), the server's clock_timestamp() unless a clock was
--- injected (tests), whose time is then passed.
+-- SERVER_NOW (durable/store/_postgres.py), the server's statement_timestamp() unless a clock
+-- was injected (tests), whose time is then passed.
 -- A fenced statement holds only while the run is running under the attempt's epoch and its
 -- lease has not expired. Fence checks that do not update the run lock it (FOR NO KEY
 -- UPDATE), so a concurrent recovery or claim waits for them and then sees their writes:
