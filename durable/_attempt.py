@@ -89,6 +89,7 @@ class Attempt:
         *,
         lease: float,
         lease_sent_at: float,
+        lease_sent_boot: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         worker_id: str = "",
         console_url: str | None = None,
@@ -97,7 +98,7 @@ class Attempt:
         self.run = run
         self.registry = registry
         self.fence = Fence(run.id, run.epoch)
-        self.lease = Lease(lease, lease_sent_at)
+        self.lease = Lease(lease, lease_sent_at, lease_sent_boot)
         self.scope = anyio.CancelScope(deadline=self.lease.deadline)
         self.stopping: str | None = None
         """Why the attempt was asked to stop (``cancelled``, ``shutdown``); it still holds
@@ -118,9 +119,10 @@ class Attempt:
     def lost(self) -> bool:
         return self.lease.lost is not None
 
-    def renewed(self, sent_at: float) -> None:
-        """A renewal sent at ``sent_at`` (anyio time) succeeded: move the deadline on."""
-        self.lease.renewed(sent_at)
+    def renewed(self, sent_at: float, sent_boot: float | None = None) -> None:
+        """A renewal sent at ``sent_at`` (anyio time; ``sent_boot`` on
+        :func:`durable._clock.boottime`) succeeded: move the deadline on."""
+        self.lease.renewed(sent_at, sent_boot)
         self.scope.deadline = self.lease.deadline
 
     def holds_lease(self) -> bool:

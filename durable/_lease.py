@@ -11,7 +11,11 @@ Two different things end an attempt early, and they must not be confused:
   attempt writes nothing more. That state lives here, and only here.
 
 The local deadline comes from anyio's clock, counted from when the renewal was *sent*, and
-falls :data:`LEASE_SAFETY` of the lease before the stored expiry.
+falls :data:`LEASE_SAFETY` of the lease before the stored expiry. anyio's clock (monotonic)
+stops while the machine is suspended, and the stored lease does not (it is judged on
+``CLOCK_BOOTTIME`` or the database server's clock), so the same deadline is also kept on
+:func:`durable._clock.boottime`, which counts suspend: after a suspend longer than the lease
+the attempt holds nothing, whatever anyio's clock says (docs/design.md, "Clocks").
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from contextlib import contextmanager
 
 import anyio
 
+from . import _clock
+
 LEASE_SAFETY = 0.1
 """Fraction of the lease kept as margin: the local deadline falls this much before expiry."""
 
@@ -28,21 +34,27 @@ LEASE_SAFETY = 0.1
 class Lease:
     """The local view of one attempt's lease: its deadline, and whether it was lost."""
 
-    def __init__(self, length: float, sent_at: float) -> None:
+    def __init__(self, length: float, sent_at: float, sent_boot: float | None = None) -> None:
         self.length = length
         self.deadline = sent_at + length * (1 - LEASE_SAFETY)
+        self.boot_deadline = _boot_time(sent_at, sent_boot) + length * (1 - LEASE_SAFETY)
+        """The deadline on :func:`durable._clock.boottime`, which counts time suspended."""
         self.lost: str | None = None
         """Why the lease was lost, once it was; None while it is held."""
         self._bounded: set[anyio.CancelScope] = set()
 
-    def renewed(self, sent_at: float) -> None:
-        """A renewal sent at ``sent_at`` (anyio time) succeeded: move the deadline on."""
+    def renewed(self, sent_at: float, sent_boot: float | None = None) -> None:
+        """A renewal sent at ``sent_at`` (anyio time; ``sent_boot`` on boottime) succeeded:
+        move the deadline on."""
         if self.lost is None:
             self.deadline = max(self.deadline, sent_at + self.length * (1 - LEASE_SAFETY))
+            self.boot_deadline = max(self.boot_deadline, _boot_time(sent_at, sent_boot)
+                                     + self.length * (1 - LEASE_SAFETY))
 
     def holds(self) -> bool:
         """Whether requests and writes may still go out (stopping does not change this)."""
-        return self.lost is None and anyio.current_time() < self.deadline
+        return (self.lost is None and anyio.current_time() < self.deadline
+                and _clock.boottime() < self.boot_deadline)
 
     def lose(self, reason: str) -> None:
         """The lease is gone: cancel every shielded piece of work running under it."""
@@ -65,3 +77,11 @@ class Lease:
                 yield scope
         finally:
             self._bounded.discard(scope)
+
+
+def _boot_time(sent_at: float, sent_boot: float | None) -> float:
+    """When a request sent at ``sent_at`` (anyio time) was sent, on boottime: as measured
+    by the sender, or else derived (exact unless the machine was suspended since)."""
+    if sent_boot is not None:
+        return sent_boot
+    return _clock.boottime() - max(0.0, anyio.current_time() - sent_at)

@@ -11,6 +11,7 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
+from . import _clock
 from ._attempt import Attempt
 from ._errors import ConfigError, StoreError
 from ._logging import get_logger
@@ -129,7 +130,7 @@ class Worker:
             free = self.concurrency - len(self.active)
             claimed: list[Run] = []
             if free > 0:
-                sent = anyio.current_time()
+                sent, sent_boot = anyio.current_time(), _clock.boottime()
                 try:
                     claimed = await self.store.claim(
                         self.worker_id, self.lease, free,
@@ -139,7 +140,7 @@ class Worker:
                     failures += 1
                     self.log.error("claim_failed", error=str(exc), failures=failures)
                 for run in claimed:
-                    self._spawn(runs, run, sent, transport)
+                    self._spawn(runs, run, sent, transport, sent_boot)
                 if claimed and len(claimed) == free:
                     continue
             if self._stopping:
@@ -150,8 +151,9 @@ class Worker:
             self._wake = anyio.Event()
 
     def _spawn(self, runs: TaskGroup, run: Run, sent: float,
-               transport: httpx.AsyncBaseTransport) -> None:
+               transport: httpx.AsyncBaseTransport, sent_boot: float | None = None) -> None:
         attempt = Attempt(self.store, run, self.registry, lease=self.lease, lease_sent_at=sent,
+                          lease_sent_boot=sent_boot,
                           transport=transport, worker_id=self.worker_id,
                           console_url=self.console_url)
         self.active[attempt.fence] = attempt
@@ -181,7 +183,7 @@ class Worker:
         attempts = list(self.active.values())
         if not attempts:
             return
-        sent = anyio.current_time()
+        sent, sent_boot = anyio.current_time(), _clock.boottime()  # boottime counts suspend
         details: dict[str, Any] = {
             a.run.id: a.heartbeat_detail for a in attempts
             if a.heartbeat_detail is not None and not a.lost
@@ -202,7 +204,7 @@ class Worker:
                     attempt.log.warning("lease_lost")
                     attempt.lose("lease lost (the renewal did not hold)")
                 continue
-            attempt.renewed(sent)
+            attempt.renewed(sent, sent_boot)
             if renewal.cancel_requested:
                 attempt.stop("cancelled")
 

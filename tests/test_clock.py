@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -28,11 +29,12 @@ import pytest
 import durable
 from durable import RunState
 from durable._clock import BootClock
-from durable._types import EntryKind, Fence, JournalWrite, NewRun
+from durable._types import JSON, EntryKind, Fence, JournalWrite, NewRun, Renewal
 from durable.store._sqlite import SqliteStore
 
 from .conftest import ROOT, subprocess_env
-from .helpers import poll
+from .helpers import poll, running_worker
+from .httpserver import loopback_server
 
 pytestmark = pytest.mark.anyio
 
@@ -191,3 +193,104 @@ async def test_the_sqlite_store_defaults_to_the_boot_clock(tmp_path: Path) -> No
     assert isinstance(store.clock, BootClock)
     fake = durable.FakeClock()
     assert SqliteStore(str(tmp_path / "e.db"), clock=fake).clock is fake
+
+
+async def test_a_suspend_longer_than_the_lease_stops_requests(
+        client: durable.Client, registry: durable.Registry,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The monotonic clock stops while the machine is suspended; the attempt's deadline
+    must count that time too, or it sends requests long after its lease expired."""
+    resumed = anyio.Event()
+    refused: list[int] = []
+    async with loopback_server() as server:
+
+        @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
+        async def call(ctx: durable.ActivityContext) -> None:
+            await ctx.http.post(f"{server.url}/before")
+            await resumed.wait()
+            try:
+                await ctx.http.post(f"{server.url}/after")
+            except durable.LeaseLostError:
+                refused.append(ctx.fencing_token or 0)
+                raise
+
+        @durable.workflow("calls", registry=registry)
+        async def calls(ctx: durable.WorkflowContext) -> None:
+            await call(ctx)
+
+        async with running_worker(client, registry, lease=30.0):
+            await client.start("calls", id="c1")
+            await server.wait_for(lambda: server.seen("/before"))
+            [before] = server.seen("/before")
+            real = time.clock_gettime
+            # the machine was suspended for an hour: only CLOCK_BOOTTIME moved on
+            monkeypatch.setattr("durable._clock.boottime",
+                                lambda: real(time.CLOCK_BOOTTIME) + HOUR, raising=False)
+            resumed.set()
+            await poll(lambda: refused, timeout=10)
+        first_epoch = int(before.headers["durable-fencing-token"])
+        assert refused[0] == first_epoch
+        # a request to /after may only come from a later attempt
+        assert all(int(s.headers["durable-fencing-token"]) > first_epoch
+                   for s in server.seen("/after"))
+
+
+class SuspendDuringRenewal(SqliteStore):
+    """A real SQLite store; once armed, the machine "suspends" for an hour while a renewal's
+    answer is on its way back (after the database judged it, before the worker reads it)."""
+
+    armed = False
+    monkeypatch: pytest.MonkeyPatch | None = None
+
+    async def renew(self, worker: str, held: Sequence[Fence], lease: float,
+                    details: Mapping[str, JSON] | None = None) -> list[Renewal]:
+        answer = await super().renew(worker, held, lease, details)
+        if self.armed and self.monkeypatch is not None and answer:
+            self.armed = False
+            real = time.clock_gettime
+            self.monkeypatch.setattr("durable._clock.boottime",
+                                     lambda: real(time.CLOCK_BOOTTIME) + HOUR, raising=False)
+            self.resumed.set()
+        return answer
+
+    resumed: anyio.Event
+
+
+async def test_a_suspend_during_a_renewal_does_not_extend_the_lease(
+        tmp_path: Path, registry: durable.Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The renewal's deadline counts from when it was *sent*, on the clock that counts
+    suspend: an answer that arrives after an hour's suspend extends nothing."""
+    store = SuspendDuringRenewal(str(tmp_path / "d.db"))
+    store.monkeypatch = monkeypatch
+    store.resumed = anyio.Event()
+    await store.open()
+    client = durable.Client(store, registry=registry)
+    refused: list[int] = []
+    try:
+        async with loopback_server() as server:
+
+            @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
+            async def call(ctx: durable.ActivityContext) -> None:
+                await ctx.http.post(f"{server.url}/before")
+                store.armed = True
+                await store.resumed.wait()
+                try:
+                    await ctx.http.post(f"{server.url}/after")
+                except durable.LeaseLostError:
+                    refused.append(ctx.fencing_token or 0)
+                    raise
+
+            @durable.workflow("calls", registry=registry)
+            async def calls(ctx: durable.WorkflowContext) -> None:
+                await call(ctx)
+
+            async with running_worker(client, registry, lease=30.0, heartbeat_interval=0.05):
+                await client.start("calls", id="c1")
+                await poll(lambda: refused, timeout=10)
+            [before] = server.seen("/before")
+            first_epoch = int(before.headers["durable-fencing-token"])
+            assert refused[0] == first_epoch
+            assert all(int(s.headers["durable-fencing-token"]) > first_epoch
+                       for s in server.seen("/after"))
+    finally:
+        await store.aclose()
