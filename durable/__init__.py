@@ -25,10 +25,12 @@ from ._errors import LeaseLostError as LeaseLostError
 from ._errors import NonDeterminismError as NonDeterminismError
 from ._errors import NonRetryableError as NonRetryableError
 from ._errors import NotJsonError as NotJsonError
+from ._errors import NotSentError as NotSentError
 from ._errors import ResultUnknownError as ResultUnknownError
 from ._errors import RunConflictError as RunConflictError
 from ._errors import RunNotFoundError as RunNotFoundError
 from ._errors import SchemaVersionError as SchemaVersionError
+from ._errors import StaleRecordError as StaleRecordError
 from ._errors import StepInDoubtError as StepInDoubtError
 from ._errors import StoreError as StoreError
 from ._errors import StoreUnavailableError as StoreUnavailableError
@@ -78,6 +80,7 @@ __all__ = [
     "NonDeterminismError",
     "NonRetryableError",
     "NotJsonError",
+    "NotSentError",
     "RecoveryReport",
     "RedactingFilter",
     "Registry",
@@ -88,6 +91,7 @@ __all__ = [
     "RunNotFoundError",
     "RunState",
     "SchemaVersionError",
+    "StaleRecordError",
     "StepInDoubtError",
     "StepState",
     "StepView",
