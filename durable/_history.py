@@ -46,9 +46,6 @@ class StepView:
     died: int = 0
     """Tries since then with no outcome that their attempt never reported: it died (or lost
     its lease) while the step ran."""
-    version: int | None = None
-    """For ``durable.get_record``: the record's version it read (0: absent), which a later
-    ``set_records`` of that record is conditioned on."""
 
     def in_doubt(self, current_epoch: int) -> bool:
         """Started by an earlier attempt with no outcome: the one definition of in doubt."""
@@ -74,6 +71,10 @@ class History:
         """The highest step number given out so far (kept, not searched for)."""
         self.last_seq = 0
         self.replays = 0
+        self.record_versions: dict[tuple[str, str], int] = {}
+        """The latest version of each record this run read (``get_record``) or wrote under
+        a condition (``set_records``), over all its attempts and replays: what its next
+        write of that record is conditioned on (compare-and-set)."""
 
     @classmethod
     def fold(cls, entries: Iterable[JournalEntry]) -> History:
@@ -81,6 +82,16 @@ class History:
         for entry in entries:
             history.apply(entry)
         return history
+
+    def _record_versions(self, entry: JournalEntry) -> None:
+        """Kept across replays: a replay re-runs steps, it does not undo their writes."""
+        data = entry.data
+        if entry.name == "durable.get_record" and "record" in data and "version" in data:
+            ns, key = data["record"]
+            self.record_versions[(ns, key)] = int(data["version"])
+        elif entry.name == "durable.set_records" and "versions" in data:
+            for ns, key, version in data["versions"]:
+                self.record_versions[(ns, key)] = int(version)
 
     def add(self, key: str, name: str) -> StepView:
         """A new step, numbered after every step seen so far."""
@@ -105,6 +116,7 @@ class History:
             return
         if entry.step_key is None or entry.step is None:
             return
+        self._record_versions(entry)
         step = self.steps.get(entry.step_key)
         if step is None:
             step = StepView(entry.step, entry.step_key, entry.name or "?")
@@ -129,7 +141,6 @@ class History:
             step.state = StepState.COMPLETED
             step.result = data.get("result")
             step.result_known = True
-            step.version = data.get("version")
             step.summary = data.get("summary")
             step.error = None
             step.accepted = bool(data.get("accepted"))

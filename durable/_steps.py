@@ -123,9 +123,6 @@ class Steps:
         self._used_keys: set[str] = set()
         self._open_unkeyed: str | None = None
         self._rng = random.Random()
-        self.record_versions: dict[tuple[str, str], int] = {}
-        """The version of each record this run read (``get_record``), advanced by its own
-        ``set_records``: what a later write of that record is conditioned on."""
 
     @property
     def run_id(self) -> str:
@@ -211,42 +208,35 @@ class Steps:
                           key: str | None) -> None:
         with self.identified("durable.set_records", key) as view:
             if view.state is StepState.COMPLETED:
-                self._wrote(records)
                 return
             # A record this run read is written only if it still has the version read
             # (compare-and-set; StaleRecordError otherwise): a write is never based on a
             # stale read, e.g. one journaled by an earlier attempt.
-            expected = {k: self.record_versions[k] for k in records
-                        if k in self.record_versions}
+            known = self.history.record_versions
+            expected = {k: known[k] for k in records if k in known}
             entry = JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key,
                                  "durable.set_records", 1,
                                  {"result": None, "summary": summary,
-                                  "records": [[ns, k] for ns, k in records]})
+                                  "records": [[ns, k] for ns, k in records],
+                                  "versions": [[ns, k, v + 1]
+                                               for (ns, k), v in expected.items()]})
             await self.attempt.put_records([(ns, k, v) for (ns, k), v in records.items()],
                                            entry, expected)
-            self._wrote(records)
+            known.update({k: v + 1 for k, v in expected.items()})
             view.state = StepState.COMPLETED
-
-    def _wrote(self, records: Mapping[tuple[str, str], JSON]) -> None:
-        """A set_records committed (now or in an earlier attempt): each record this run had
-        read is one version further."""
-        for k in records:
-            if k in self.record_versions:
-                self.record_versions[k] += 1
 
     async def get_record(self, namespace: str, key: str) -> JSON:
         with self.identified("durable.get_record", None) as view:
             if view.state is StepState.COMPLETED:
-                if view.version is not None:
-                    self.record_versions[(namespace, key)] = view.version
                 return view.result
             record = await self.attempt.store.get_record(namespace, key)
             result = None if record is None else record.value
             version = 0 if record is None else record.version
             await self.attempt.write([JournalWrite(
                 EntryKind.VALUE, view.number, view.key, "durable.get_record", 1,
-                {"result": result, "summary": f"{namespace}/{key}", "version": version})])
-            self.record_versions[(namespace, key)] = version
+                {"result": result, "summary": f"{namespace}/{key}",
+                 "record": [namespace, key], "version": version})])
+            self.history.record_versions[(namespace, key)] = version
             view.state, view.result = StepState.COMPLETED, result
             return result
 

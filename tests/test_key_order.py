@@ -101,3 +101,31 @@ async def test_a_record_written_from_a_stale_read_is_refused(
 async def _finished(client: durable.Client, run_id: str) -> durable.Run | None:
     run = await client.get(run_id)
     return run if run.state.finished else None
+
+
+async def test_a_replay_that_rewrites_its_own_record_is_not_stale(
+        client: durable.Client, registry: durable.Registry) -> None:
+    await client.store.put_records(None, [("slots", "s1", {"n": 1})])
+    fail = True
+
+    @durable.activity("slot.check", registry=registry)
+    async def check(ctx: durable.ActivityContext) -> None:
+        if fail:
+            raise durable.NonRetryableError("not yet")
+
+    @durable.workflow("slot.bump", registry=registry)
+    async def bump(ctx: durable.WorkflowContext) -> None:
+        slot = await ctx.get_record("slots", "s1")                  # step 1
+        await ctx.set_records({("slots", "s1"): {"n": slot["n"] + 1}})  # step 2
+        await check(ctx)                                             # step 3
+
+    async with running_worker(client, registry):
+        await client.start("slot.bump", id="b1")
+        assert (await poll(lambda: _finished(client, "b1"))).state is RunState.FAILED
+        fail = False
+        # step 2 runs again from the same journaled read: the only write since was its own
+        await client.replay("b1", from_step=2)
+        run = await poll(lambda: _finished(client, "b1"))
+    assert run.state is RunState.COMPLETED, run.error
+    record = await client.store.get_record("slots", "s1")
+    assert record is not None and (record.value, record.version) == ({"n": 2}, 3)
