@@ -161,11 +161,10 @@ class PostgresStore(Store):
             max_size=self.pool_size,
             open=False,
             timeout=self._pool_timeout,
-            # No check on every checkout: it cost a round trip per statement (+30 % claims/s
-            # without it, docs/benchmarks-claims.md). A connection broken while idle fails
-            # one statement as StoreError: the worker's loops retry, and an attempt whose
-            # journal write failed stops and is resumed from the journal. Idle connections
-            # are recycled after max_idle.
+            # No check query on every checkout: it cost a round trip per statement (+30 %
+            # claims/s without it, docs/benchmarks-claims.md). _connection() finds a
+            # connection the server dropped without a round trip (_alive) and replaces it
+            # before sending anything. Idle connections are recycled after max_idle.
             max_idle=60.0,
             name=f"durable:{self.schema}",
         )
