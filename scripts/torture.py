@@ -1,0 +1,648 @@
+"""A torture run: real workflows and worker processes under kills, freezes, faults and races.
+
+    python scripts/torture.py [--seed N] [--budget 60] [--workers 3] [--runs 12]
+                              [--backend sqlite|postgres] [--lease 2] [--report FILE]
+
+Starts the fake services on loopback (``scripts/_fakes``), seeds slots, and runs
+``--workers`` worker processes (``python -m durable.worker --import workflows``) on one
+database while a scheduler, driven by one seeded random generator, starts ``--runs`` runs
+(slot.reset, slot.teardown and audio.batch, several on each concurrency key) and meanwhile:
+SIGKILLs workers and starts new ones, SIGSTOPs one past its lease and SIGCONTs it, sends
+SIGTERM (graceful shutdown), injects service faults (5xx, dropped connections before or after
+the service did the work, hangs), and races operator cancels (also right after a SIGTERM of
+the worker holding the run) and replays. After the chaos phase (60 % of ``--budget``), the
+faults are cleared and the surviving workers finish what they can until the budget ends;
+then every worker is shut down with SIGTERM and the script checks, from the services'
+ledger and the journal:
+
+- every run is finished or queued (resumable), none left running after the shutdown, and
+  none sat running past its lease while workers were alive;
+- no completed step was started again;
+- an in-doubt ``on_doubt="fail"`` step was never re-sent silently;
+- within each fencing scope (the run's key, or the run) and each run, no two attempts'
+  handled requests overlap in time;
+- a frozen-then-continued worker sent nothing for an attempt whose lease ran out;
+- no TTS item was billed twice, and no notification sent twice;
+- every operator cancel was honoured: the run ended cancelled (or was finishing anyway),
+  and no step started after the cancel could be seen.
+
+Prints its seed first (``--seed`` replays the same schedule; process timing still varies),
+what it applied (kills, freezes, shutdowns, faults, cancels, replays), and a table of the
+checks. Exits 0 when every check passed, 1 otherwise, 2 on bad arguments. Loopback only;
+every process it starts runs in its own process group and is killed in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import anyio  # noqa: E402
+
+import durable  # noqa: E402
+import workflows  # noqa: E402,F401  (registers the operations: each activity's on_doubt)
+from durable.store import store_from_url  # noqa: E402
+from workflows.records import Slot, seed_slot  # noqa: E402
+
+try:
+    from scripts._fakes.harness import FakeServices, running_fake_services
+except ImportError as exc:  # starlette and uvicorn come with the demo/test extras
+    sys.exit(f"torture: the fake services need the test extras ({exc}); "
+             "run: pip install -e '.[test]'")
+
+PG_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
+TEMPLATE_FILES = {"README.md": "# starter\n", "app.py": "print('hello')\n"}
+VOICE = "narrator"
+GRACE = 1.0
+CHAOS_SHARE = 0.6
+FAULT_PATHS = [  # (method, glob) of the requests the workflows send
+    ("DELETE", "/api/v1/databases/*"),
+    ("DELETE", "/api/v1/applications/*/envs/*"),
+    ("DELETE", "/api/v1/applications/*/storages/*"),
+    ("DELETE", "/api/v1/applications/*"),
+    ("GET", "/api/v1/applications/*"),
+    ("GET", "/2.0/repositories/*"),
+    ("DELETE", "/2.0/repositories/*"),
+    ("POST", "/v1/text-to-speech/*"),
+    ("POST", "/hooks/*"),
+]
+ACTIONS = {"kill": 1, "term": 1, "freeze": 1, "fault": 3, "cancel": 1, "term_cancel": 1,
+           "replay": 1, "start": 2}
+
+
+@dataclass
+class Freeze:
+    pid: int
+    stopped_at: float
+    continue_at: float
+    continued_at: float | None = None
+
+
+@dataclass
+class Torture:
+    seed: int
+    budget: float
+    workers: int
+    runs: int
+    backend: str
+    lease: float
+    tmp: Path
+    services: FakeServices
+    db_url: str
+    rng: random.Random = field(init=False)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    live: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    freezes: list[Freeze] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+    plan: list[tuple[str, list[Any], str, str]] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    hang_release_at: list[float] = field(default_factory=list)
+    stuck: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    # -- processes ---------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        for name in ("PAAS", "GITHOST", "TTS", "NOTIFY"):
+            env[f"DURABLE_{name}_URL"] = self.services.url
+            env[f"DURABLE_{name}_TOKEN"] = self.services.token
+        env.update({"DURABLE_AUDIO_DIR": str(self.tmp / "audio"),
+                    "DURABLE_GIT_WORKDIR": str(self.tmp / "git-work"),
+                    "DURABLE_GIT_TIMEOUT": "5",
+                    "DURABLE_NOTIFY_HOOK": "slots"})
+        return env
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        n = len(self.procs)
+        log = (self.tmp / f"worker-{n}.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "durable.worker", "--db", self.db_url,
+             "--import", "workflows", "--lease", str(self.lease), "--poll", "0.05",
+             "--grace", str(GRACE), "--concurrency", "8", "--log-level", "warning"],
+            cwd=ROOT, env=self.env(), start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(proc)
+        self.live.append(proc)
+        self.counts["worker starts"] += 1
+        return proc
+
+    def frozen_pids(self) -> set[int]:
+        return {f.pid for f in self.freezes if f.continued_at is None}
+
+    def pick_worker(self, holding: set[int] | None = None) -> subprocess.Popen[bytes] | None:
+        """A live worker that is not frozen; one of ``holding`` (pids) when there is one."""
+        frozen = self.frozen_pids()
+        choices = [p for p in self.live if p.poll() is None and p.pid not in frozen]
+        busy = [p for p in choices if holding and p.pid in holding]
+        return self.rng.choice(busy or choices) if choices else None
+
+    async def holders(self, client: durable.Client) -> set[int]:
+        """The pids of the workers holding running runs (``host:pid:suffix`` worker ids)."""
+        return {int(r.worker.split(":")[1]) for r in
+                await client.list(state=durable.RunState.RUNNING, limit=1000) if r.worker}
+
+    def kill_all(self) -> None:
+        """SIGKILL every process group this run started (their git children too)."""
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+    # -- the plan ----------------------------------------------------------------------------
+    async def seed_world(self, client: durable.Client) -> None:
+        slots = max(1, self.runs // 4)
+        audio_jobs = max(1, self.runs // 4)
+        repositories: list[dict[str, Any]] = [
+            {"workspace": "templates", "slug": "starter", "files": TEMPLATE_FILES}]
+        for i in range(slots):
+            name = f"s{i}"
+            repositories.append({"workspace": "slots", "slug": name,
+                                 "files": {"README.md": f"work done in {name}\n"}})
+            self.services.seed(
+                applications=[{
+                    "uuid": f"app-{name}", "name": name,
+                    "envs": [{"key": "API_KEY", "value": "s3cret-value"},
+                             {"key": "DEBUG", "value": "1"}],
+                    "volumes": [{"uuid": f"vol-{name}", "name": "data", "mount_path": "/data"}],
+                    "file_storages": [{"uuid": f"file-{name}", "mount_path": "/etc/app.conf"}],
+                }],
+                databases=[{"uuid": f"db-{name}"}])
+            await seed_slot(client, Slot(name, app=f"app-{name}", project=f"proj-{name}",
+                                         database=f"db-{name}", repository=f"slots/{name}",
+                                         template="templates/starter"))
+        self.services.seed(repositories=repositories)
+        for n in range(self.runs):
+            kind = self.rng.choices(["reset", "teardown", "audio"], [5, 2, 4])[0]
+            if kind == "audio":
+                job = f"job{self.rng.randrange(audio_jobs)}"
+                texts = [f"{job} text {i} " + "la " * self.rng.randrange(1, 30)
+                         for i in range(self.rng.randrange(3, 7))]
+                self.plan.append(("audio.batch", [job, VOICE, texts, 2], job, f"audio-{job}-{n}"))
+            else:
+                slot = f"s{self.rng.randrange(slots)}"
+                self.plan.append((f"slot.{kind}", [slot], slot, f"{kind}-{slot}-{n}"))
+
+    async def start_next(self, client: durable.Client) -> None:
+        workflow, args, key, run_id = self.plan[len(self.started)]
+        await client.start(workflow, *args, id=run_id, key=key)
+        self.started.append(run_id)
+
+    # -- chaos -------------------------------------------------------------------------------
+    async def act(self, client: durable.Client, action: str) -> None:
+        if action == "start" and len(self.started) < len(self.plan):
+            await self.start_next(client)
+        elif action in ("kill", "term"):
+            proc = self.pick_worker(await self.holders(client))
+            if proc is None:
+                return
+            if action == "kill":
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                self.counts["SIGKILL"] += 1
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)  # the worker only: a graceful shutdown
+                self.counts["SIGTERM"] += 1
+            self.live.remove(proc)
+            self.start_worker()
+        elif action == "freeze" and not self.frozen_pids():
+            proc = self.pick_worker(await self.holders(client))
+            if proc is None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGSTOP)
+            now = time.time()
+            # past the lease, the renewal period and the sweep: its runs are surely lost
+            self.freezes.append(Freeze(proc.pid, now, now + 1.5 * self.lease + 1.5))
+            self.counts["SIGSTOP/SIGCONT"] += 1
+        elif action == "fault":
+            self.inject_fault()
+        elif action in ("cancel", "term_cancel"):
+            await self.cancel(client, action == "term_cancel")
+        elif action == "replay":
+            done = [r for r in await client.list(limit=1000)
+                    if r.state in (durable.RunState.FAILED, durable.RunState.CANCELLED)]
+            if done:
+                run = self.rng.choice(done)
+                try:
+                    await client.replay(run.id)
+                    self.counts["replays"] += 1
+                except durable.DurableError:
+                    self.counts["replays refused"] += 1
+
+    def inject_fault(self) -> None:
+        method, path = self.rng.choice(FAULT_PATHS)
+        kind = self.rng.choice(["500", "503", "drop", "drop-after", "500-after", "hang"])
+        times = self.rng.randrange(1, 3)
+        if kind == "hang":
+            self.services.add_fault(path, method=method, hang=True, times=1)
+            self.hang_release_at.append(time.monotonic() + self.rng.uniform(0.5, 3.0))
+        elif kind.startswith("drop"):
+            self.services.add_fault(path, method=method, drop=True, times=times,
+                                    phase="after" if kind.endswith("after") else "before")
+        else:
+            self.services.add_fault(path, method=method, status=int(kind[:3]), times=times,
+                                    phase="after" if kind.endswith("after") else "before")
+        self.counts[f"fault {kind}"] += 1
+
+    async def cancel(self, client: durable.Client, with_shutdown: bool) -> None:
+        runs = [r for r in await client.list(limit=1000) if not r.state.finished]
+        if with_shutdown:
+            runs = [r for r in runs if r.state is durable.RunState.RUNNING and r.worker]
+        if not runs:
+            return
+        run = self.rng.choice(runs)
+        if with_shutdown and run.worker:
+            pid = int(run.worker.split(":")[1])
+            proc = next((p for p in self.live if p.pid == pid), None)
+            if proc is not None and proc.pid not in self.frozen_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+                self.live.remove(proc)
+                self.start_worker()
+                self.counts["SIGTERM"] += 1
+        try:
+            await client.cancel(run.id)
+            self.counts["cancels"] += 1
+        except durable.DurableError:
+            self.counts["cancels refused (already finished)"] += 1
+
+    def tend(self) -> None:
+        """Continue frozen workers when their time is up; wake hung requests."""
+        now = time.time()
+        for f in self.freezes:
+            if f.continued_at is None and now >= f.continue_at:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(f.pid, signal.SIGCONT)
+                f.continued_at = time.time()
+        due = [t for t in self.hang_release_at if t <= time.monotonic()]
+        if due:
+            self.services.release()
+            self.hang_release_at = [t for t in self.hang_release_at if t > time.monotonic()]
+
+    def calm(self) -> None:
+        """End the chaos: no faults, nothing hung, nothing frozen, ``--workers`` alive."""
+        self.services.clear_faults()
+        self.services.release()
+        self.hang_release_at.clear()
+        for f in self.freezes:
+            if f.continued_at is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(f.pid, signal.SIGCONT)
+                f.continued_at = time.time()
+        self.live = [p for p in self.live if p.poll() is None]
+        while len(self.live) < self.workers:
+            self.start_worker()
+
+    async def watch_stuck(self, store: Any) -> None:
+        """Note runs running past their lease (plus a sweep's slack) while workers are alive."""
+        now = time.time()
+        for run in await store.list_runs(state=durable.RunState.RUNNING, limit=10_000):
+            if run.lease_expires_at is not None and run.lease_expires_at < now - 2 * self.lease - 2:
+                self.stuck[run.id] = max(self.stuck.get(run.id, 0.0), now - run.lease_expires_at)
+
+    async def run(self) -> dict[str, Any]:
+        began = time.monotonic()
+        chaos_end = began + CHAOS_SHARE * self.budget
+        end = began + self.budget
+        store = store_from_url(self.db_url, create=False)
+        async with durable.Client.connect(self.db_url) as client:
+            await self.seed_world(client)
+            for _ in range(self.workers):
+                self.start_worker()
+            for _ in range(max(1, len(self.plan) // 3)):
+                await self.start_next(client)
+            await store.open()
+            try:
+                while time.monotonic() < chaos_end:
+                    self.tend()
+                    action = self.rng.choices(list(ACTIONS), list(ACTIONS.values()))[0]
+                    await self.act(client, action)
+                    await anyio.sleep(self.rng.uniform(0.2, 0.6))
+                self.calm()
+                while len(self.started) < len(self.plan):
+                    await self.start_next(client)
+                while time.monotonic() < end:
+                    await self.watch_stuck(store)
+                    runs = await store.list_runs(limit=10_000)
+                    if all(r.state.finished for r in runs):
+                        break
+                    await anyio.sleep(0.3)
+                await self.shutdown()
+                return await self.check(client, store)
+            finally:
+                await store.aclose()
+
+    async def shutdown(self) -> None:
+        """SIGTERM every worker (graceful: they release what they hold) and wait for them."""
+        for proc in self.live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE + 10
+        for proc in self.procs:
+            remaining = max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await anyio.to_thread.run_sync(lambda p=proc, t=remaining: p.wait(timeout=t))
+            if proc.poll() is None:
+                self.counts["workers that ignored SIGTERM"] += 1
+        self.kill_all()
+
+    # -- the checks --------------------------------------------------------------------------
+    async def check(self, client: durable.Client, store: Any) -> dict[str, Any]:
+        runs = {r.id: r for r in await store.list_runs(limit=10_000)}
+        journals = {run_id: await store.journal(run_id) for run_id in runs}
+        ledger = self.services.ledger()
+        notes = self.services.notifications()
+        on_doubt = {name: a.on_doubt for name, a in durable.default_registry.activities.items()}
+        checks = [
+            check_states(runs, self.stuck),
+            check_completed_once(journals),
+            check_in_doubt(journals, ledger, on_doubt),
+            check_overlap(ledger),
+            check_frozen(journals, ledger, self.freezes, self.lease),
+            check_billing(ledger),
+            check_notifications(notes, journals),
+            check_cancels(journals, runs, max(2.5, self.lease)),
+        ]
+        return {"seed": self.seed, "backend": self.backend, "budget": self.budget,
+                "workers": self.workers, "runs": len(self.plan), "lease": self.lease,
+                "states": dict(Counter(r.state.value for r in runs.values())),
+                "applied": dict(sorted(self.counts.items())),
+                "requests": len(ledger),
+                "checks": [{"check": c, "ok": ok, "detail": d} for c, ok, d in checks]}
+
+
+# -- checks, each a (name, ok, detail) from the journal and the services' ledger ---------------
+Check = tuple[str, bool, str]
+
+
+def _run_of(idempotency_key: str | None) -> str | None:
+    return None if not idempotency_key else idempotency_key.split("/", 1)[0]
+
+
+def check_states(runs: dict[str, Any], stuck: dict[str, float]) -> Check:
+    left = sorted(r.id for r in runs.values() if r.state is durable.RunState.RUNNING)
+    bad = [f"{i} running after every worker shut down" for i in left]
+    bad += [f"{i} sat running {s:.1f}s past its lease" for i, s in sorted(stuck.items())]
+    return ("every run finished or resumable (queued), none stuck running", not bad,
+            "; ".join(bad) or f"{len(runs)} runs")
+
+
+def check_completed_once(journals: dict[str, list[Any]]) -> Check:
+    bad = []
+    steps = 0
+    for run_id, entries in journals.items():
+        done: set[str] = set()
+        for e in entries:
+            if e.kind is durable.EntryKind.RUN_REPLAYED and e.data.get("from_step"):
+                done = {k for k in done if int(k.split(":")[0]) < int(e.data["from_step"])} \
+                    if all(k.split(":")[0].isdigit() for k in done) else set()
+            elif e.kind is durable.EntryKind.STEP_STARTED and e.step_key in done:
+                bad.append(f"{run_id} {e.step_key} started again at epoch {e.epoch}")
+            elif e.kind is durable.EntryKind.STEP_COMPLETED and e.step_key:
+                done.add(e.step_key)
+                steps += 1
+    return ("no completed step executed twice", not bad, "; ".join(bad) or f"{steps} steps")
+
+
+def _handled(ledger: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in ledger if e["fencing_token"] is not None and e["handled"]]
+
+
+def check_in_doubt(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
+                   on_doubt: dict[str, str]) -> Check:
+    """A step left started by an attempt is in doubt; with on_doubt='fail' it is never sent
+    again by a later attempt unless an operator asked (replay --rerun-in-doubt)."""
+    sent = defaultdict(set)  # idempotency key -> tokens whose request the service handled
+    for e in _handled(ledger):
+        sent[e["idempotency_key"]].add(e["fencing_token"])
+    bad, surfaced = [], 0
+    for run_id, entries in journals.items():
+        open_steps: dict[str, tuple[str, int]] = {}  # step key -> (activity, epoch)
+        doubt: dict[str, int] = {}  # in-doubt fail step -> epoch it was left in
+        rerun_allowed = False
+        for e in entries:
+            if e.kind is durable.EntryKind.RUN_CLAIMED:
+                for key, (name, epoch) in open_steps.items():
+                    if on_doubt.get(name) == "fail" and epoch < e.epoch:
+                        doubt.setdefault(key, epoch)
+                open_steps.clear()
+            elif e.kind is durable.EntryKind.RUN_REPLAYED:
+                rerun_allowed = e.data.get("in_doubt") == "rerun"
+            elif e.kind is durable.EntryKind.STEP_STARTED and e.step_key:
+                if e.step_key in doubt and not rerun_allowed:
+                    later = {t for t in sent[f"{run_id}/{e.step_key}"] if t > doubt[e.step_key]}
+                    if later:
+                        bad.append(f"{run_id} {e.step_key} ({e.name}) in doubt since epoch "
+                                   f"{doubt[e.step_key]}, sent again with token {min(later)}")
+                open_steps[e.step_key] = (e.name or "", e.epoch)
+            elif e.step_key and e.kind in (durable.EntryKind.STEP_COMPLETED,
+                                           durable.EntryKind.STEP_FAILED,
+                                           durable.EntryKind.STEP_RETRYING):
+                open_steps.pop(e.step_key, None)
+        surfaced += len(doubt)
+    return ('in-doubt on_doubt="fail" steps surfaced, never silently re-run', not bad,
+            "; ".join(bad) or f"{surfaced} in doubt")
+
+
+def _overlaps(groups: dict[str, dict[int, list[float]]], what: str) -> list[str]:
+    bad = []
+    for name, tokens in groups.items():
+        latest_end, latest_token = float("-inf"), None
+        for token in sorted(tokens):
+            first, last = tokens[token]
+            if first < latest_end:
+                bad.append(f"{what} {name}: token {token}'s requests began "
+                           f"{latest_end - first:.3f}s before token {latest_token}'s ended")
+            if last > latest_end:
+                latest_end, latest_token = last, token
+    return bad
+
+
+def check_overlap(ledger: list[dict[str, Any]]) -> Check:
+    by_scope: dict[str, dict[int, list[float]]] = defaultdict(dict)
+    by_run: dict[str, dict[int, list[float]]] = defaultdict(dict)
+    for e in _handled(ledger):
+        end = e["ended_at"] if e["ended_at"] is not None else e["arrived_at"]
+        run = _run_of(e["idempotency_key"])
+        for groups, name in ((by_scope, e["fencing_scope"]), (by_run, run)):
+            if name is None:
+                continue
+            span = groups[name].setdefault(e["fencing_token"], [e["arrived_at"], end])
+            span[0], span[1] = min(span[0], e["arrived_at"]), max(span[1], end)
+    bad = _overlaps(by_scope, "scope") + _overlaps(by_run, "run")
+    return ("per key and per run, no two attempts' requests overlap", not bad,
+            "; ".join(bad) or f"{len(by_scope)} scopes, {len(by_run)} runs")
+
+
+def check_frozen(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
+                 freezes: list[Freeze], lease: float) -> Check:
+    bad, attempts = [], 0
+    for f in freezes:
+        if f.continued_at is None:
+            continue
+        mine = f":{f.pid}:"
+        for run_id, entries in journals.items():
+            for e in entries:
+                if (e.kind is durable.EntryKind.RUN_CLAIMED and mine in str(e.data.get("worker"))
+                        and e.at < f.stopped_at):
+                    attempts += 1
+                    late = [x for x in ledger if x["fencing_token"] == e.epoch
+                            and _run_of(x["idempotency_key"]) == run_id
+                            and x["arrived_at"] > f.continued_at]
+                    if late:
+                        bad.append(f"{run_id} epoch {e.epoch}: {len(late)} request(s) after "
+                                   f"its worker (pid {f.pid}) was continued, e.g. "
+                                   f"{late[0]['method']} {late[0]['path']}")
+    return ("a frozen-then-continued worker sent nothing for a run it lost", not bad,
+            "; ".join(bad) or f"{len(freezes)} freezes, {attempts} attempts held")
+
+
+def check_billing(ledger: list[dict[str, Any]]) -> Check:
+    billed = Counter(e["idempotency_key"] for e in ledger if e["billed"])
+    bad = [f"{k} billed {n} times" for k, n in billed.items() if n > 1 or k is None]
+    return ("no TTS item billed twice", not bad, "; ".join(bad) or f"{len(billed)} billed")
+
+
+def check_notifications(notes: list[dict[str, Any]], journals: dict[str, list[Any]]) -> Check:
+    by_key = Counter(n["idempotency_key"] for n in notes)
+    bad = [f"{k} delivered {n} times" for k, n in by_key.items() if n > 1 or k is None]
+    replayed = {i for i, es in journals.items()
+                if any(e.kind is durable.EntryKind.RUN_REPLAYED for e in es)}
+    outcomes = Counter((_run_of(n["idempotency_key"]), json.dumps(n["body"].get("outcome")))
+                       for n in notes if isinstance(n["body"], dict))
+    bad += [f"{run} notified outcome {o} {n} times" for (run, o), n in outcomes.items()
+            if n > 1 and run not in replayed]
+    return ("no notification sent twice", not bad, "; ".join(bad) or f"{len(notes)} sent")
+
+
+def check_cancels(journals: dict[str, list[Any]], runs: dict[str, Any], bound: float) -> Check:
+    bad, honoured = [], 0
+    for run_id, entries in journals.items():
+        for i, e in enumerate(entries):
+            if e.kind is not durable.EntryKind.RUN_CANCEL_REQUESTED:
+                continue
+            window = []
+            for x in entries[i + 1:]:
+                if x.kind is durable.EntryKind.RUN_REPLAYED:
+                    break
+                window.append(x)
+            ended = next((x for x in window if x.kind in (
+                durable.EntryKind.RUN_CANCELLED, durable.EntryKind.RUN_COMPLETED,
+                durable.EntryKind.RUN_FAILED)), None)
+            late = [x for x in window if x.kind is durable.EntryKind.STEP_STARTED
+                    and x.at > e.at + bound]
+            if ended is None:
+                bad.append(f"{run_id}: cancel requested, run still {runs[run_id].state.value}")
+            elif ended.kind is not durable.EntryKind.RUN_CANCELLED and ended.at > e.at + bound:
+                bad.append(f"{run_id}: cancel requested, run went on and ended "
+                           f"{ended.kind.value} {ended.at - e.at:.1f}s later")
+            elif late:
+                bad.append(f"{run_id}: cancel requested, then {late[0].step_key} started "
+                           f"{late[0].at - e.at:.1f}s later")
+            else:
+                honoured += 1
+    return ("every cancel honoured", not bad, "; ".join(bad) or f"{honoured} cancels")
+
+
+# -- output ------------------------------------------------------------------------------------
+def table(report: dict[str, Any]) -> str:
+    lines = [f"seed {report['seed']}  backend {report['backend']}  budget {report['budget']}s  "
+             f"workers {report['workers']}  runs {report['runs']}  lease {report['lease']}s",
+             "applied: " + ", ".join(f"{k} {v}" for k, v in report["applied"].items()),
+             "runs: " + ", ".join(f"{k} {v}" for k, v in sorted(report["states"].items()))
+             + f"; {report['requests']} requests in the services' ledger", ""]
+    width = max(len(c["check"]) for c in report["checks"])
+    lines.append(f"{'check'.ljust(width)}  result  detail")
+    lines.append(f"{'-' * width}  ------  ------")
+    for c in report["checks"]:
+        lines.append(f"{c['check'].ljust(width)}  {'pass' if c['ok'] else 'FAIL':6}  {c['detail']}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def database(backend: str, tmp: Path) -> Iterator[str]:
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp / 'torture.db'}"
+        return
+    import psycopg  # the postgres extra
+
+    schema = f"torture_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{PG_SERVER}?schema={schema}"
+    finally:
+        with psycopg.connect(PG_SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="torture.py", description="Real workflows and workers under kills, freezes, "
+        "faults and races; checks the guarantees from the ledger and the journal.")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="replay a schedule (default: random)")
+    parser.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
+                        help="wall-clock budget: chaos for 60%%, then settling (default 60)")
+    parser.add_argument("--workers", type=int, default=3, metavar="N", help="default 3")
+    parser.add_argument("--runs", type=int, default=12, metavar="N", help="default 12")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite",
+                        help="the store (default sqlite; postgres: 127.0.0.1:5432, db test)")
+    parser.add_argument("--lease", type=float, default=2.0, metavar="SECONDS", help="default 2")
+    parser.add_argument("--report", type=Path, default=None, metavar="FILE",
+                        help="also write the results as JSON to FILE")
+    args = parser.parse_args(argv)
+    for name, low, high in (("budget", 5, 3600), ("workers", 1, 16), ("runs", 1, 200),
+                            ("lease", 0.5, 60)):
+        value = getattr(args, name)
+        if not low <= value <= high:
+            parser.error(f"--{name} must be between {low} and {high}, not {value}")
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(2**32)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    print(f"torture: seed {args.seed} (replay with --seed {args.seed})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="durable-torture-") as tmp_name:
+        tmp = Path(tmp_name)
+        with running_fake_services(tmp / "git") as services, \
+                database(args.backend, tmp) as db_url:
+            torture = Torture(args.seed, args.budget, args.workers, args.runs, args.backend,
+                              args.lease, tmp, services, db_url)
+            try:
+                report = anyio.run(torture.run)
+            finally:
+                torture.kill_all()
+    print(table(report))
+    if args.report is not None:
+        args.report.write_text(json.dumps(report, indent=2))
+    return 0 if all(c["ok"] for c in report["checks"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
