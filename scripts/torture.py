@@ -195,16 +195,28 @@ class Torture:
                                          database=f"db-{name}", repository=f"slots/{name}",
                                          template="templates/starter"))
         self.services.seed(repositories=repositories)
-        for n in range(self.runs):
-            kind = self.rng.choices(["reset", "teardown", "audio"], [5, 2, 4])[0]
-            if kind == "audio":
+        per_key: dict[str, list[tuple[str, list[Any]]]] = defaultdict(list)
+        for _ in range(self.runs):
+            if self.rng.random() < 0.4:
                 job = f"job{self.rng.randrange(audio_jobs)}"
                 texts = [f"{job} text {i} " + "la " * self.rng.randrange(1, 30)
                          for i in range(self.rng.randrange(3, 7))]
-                self.plan.append(("audio.batch", [job, VOICE, texts, 2], job, f"audio-{job}-{n}"))
+                per_key[job].append(("audio.batch", [job, VOICE, texts, 2]))
             else:
                 slot = f"s{self.rng.randrange(slots)}"
-                self.plan.append((f"slot.{kind}", [slot], slot, f"{kind}-{slot}-{n}"))
+                per_key[slot].append(("slot.reset", [slot]))
+        for slot in sorted(k for k in per_key if k.startswith("s")):
+            if self.rng.random() < 0.5:  # a teardown retires the slot: last on its key
+                per_key[slot][-1] = ("slot.teardown", [slot])
+        # interleave the keys, each key's runs in order (queued behind one another)
+        queues = {k: list(v) for k, v in sorted(per_key.items())}
+        while queues:
+            key = self.rng.choice(sorted(queues))
+            workflow, args = queues[key].pop(0)
+            self.plan.append((workflow, args, key, f"{workflow.split('.')[1]}-{key}-"
+                              f"{len(self.plan)}"))
+            if not queues[key]:
+                del queues[key]
 
     async def start_next(self, client: durable.Client) -> None:
         workflow, args, key, run_id = self.plan[len(self.started)]
@@ -256,9 +268,13 @@ class Torture:
 
     def inject_fault(self) -> None:
         method, path = self.rng.choice(FAULT_PATHS)
-        kind = self.rng.choice(["500", "503", "drop", "drop-after", "500-after", "hang"])
+        kind = self.rng.choice(["500", "503", "drop", "drop-after", "500-after", "hang",
+                                "slow", "slow"])
         times = self.rng.randrange(1, 3)
-        if kind == "hang":
+        if kind == "slow":  # widens the window in which a kill or a freeze lands mid-step
+            self.services.add_fault(path, method=method, latency=self.rng.uniform(0.3, 1.5),
+                                    times=self.rng.randrange(1, 5))
+        elif kind == "hang":
             self.services.add_fault(path, method=method, hang=True, times=1)
             self.hang_release_at.append(time.monotonic() + self.rng.uniform(0.5, 3.0))
         elif kind.startswith("drop"):
@@ -393,6 +409,7 @@ class Torture:
                 "states": dict(Counter(r.state.value for r in runs.values())),
                 "applied": dict(sorted(self.counts.items())),
                 "requests": len(ledger),
+                "pids": [p.pid for p in self.procs] + [self.services.pid],
                 "checks": [{"check": c, "ok": ok, "detail": d} for c, ok, d in checks]}
 
 
@@ -429,17 +446,14 @@ def check_completed_once(journals: dict[str, list[Any]]) -> Check:
     return ("no completed step executed twice", not bad, "; ".join(bad) or f"{steps} steps")
 
 
-def _handled(ledger: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in ledger if e["fencing_token"] is not None and e["handled"]]
-
-
 def check_in_doubt(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
                    on_doubt: dict[str, str]) -> Check:
     """A step left started by an attempt is in doubt; with on_doubt='fail' it is never sent
     again by a later attempt unless an operator asked (replay --rerun-in-doubt)."""
     sent = defaultdict(set)  # idempotency key -> tokens whose request the service handled
-    for e in _handled(ledger):
-        sent[e["idempotency_key"]].add(e["fencing_token"])
+    for e in ledger:
+        if e["fencing_token"] is not None and e["handled"]:
+            sent[e["idempotency_key"]].add(e["fencing_token"])
     bad, surfaced = [], 0
     for run_id, entries in journals.items():
         open_steps: dict[str, tuple[str, int]] = {}  # step key -> (activity, epoch)
@@ -470,33 +484,38 @@ def check_in_doubt(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
 
 
 def _overlaps(groups: dict[str, dict[int, list[float]]], what: str) -> list[str]:
+    """Tokens whose requests arrived after a higher token's first request (same group)."""
     bad = []
     for name, tokens in groups.items():
-        latest_end, latest_token = float("-inf"), None
-        for token in sorted(tokens):
-            first, last = tokens[token]
-            if first < latest_end:
-                bad.append(f"{what} {name}: token {token}'s requests began "
-                           f"{latest_end - first:.3f}s before token {latest_token}'s ended")
-            if last > latest_end:
-                latest_end, latest_token = last, token
+        for token, (_, last) in tokens.items():
+            newer = [(first, t) for t, (first, _) in tokens.items() if t > token and first < last]
+            if newer:
+                first, t = min(newer)
+                bad.append(f"{what} {name}: token {token} sent a request {last - first:.3f}s "
+                           f"after token {t}'s first")
     return bad
 
 
 def check_overlap(ledger: list[dict[str, Any]]) -> Check:
+    """Every request that carried a token (sent, whether the service then refused it or not):
+    within a scope and within a run, an attempt's requests all arrive before the next
+    attempt's first. A refused request is the service's fence catching what the engine
+    should not have sent."""
     by_scope: dict[str, dict[int, list[float]]] = defaultdict(dict)
     by_run: dict[str, dict[int, list[float]]] = defaultdict(dict)
-    for e in _handled(ledger):
-        end = e["ended_at"] if e["ended_at"] is not None else e["arrived_at"]
+    sent = [e for e in ledger if e["fencing_token"] is not None]
+    for e in sent:
         run = _run_of(e["idempotency_key"])
         for groups, name in ((by_scope, e["fencing_scope"]), (by_run, run)):
             if name is None:
                 continue
-            span = groups[name].setdefault(e["fencing_token"], [e["arrived_at"], end])
-            span[0], span[1] = min(span[0], e["arrived_at"]), max(span[1], end)
+            span = groups[name].setdefault(e["fencing_token"], [e["arrived_at"]] * 2)
+            span[0], span[1] = min(span[0], e["arrived_at"]), max(span[1], e["arrived_at"])
     bad = _overlaps(by_scope, "scope") + _overlaps(by_run, "run")
+    refused = sum(1 for e in sent if e["refused"])
     return ("per key and per run, no two attempts' requests overlap", not bad,
-            "; ".join(bad) or f"{len(by_scope)} scopes, {len(by_run)} runs")
+            "; ".join(bad) or f"{len(sent)} fenced requests, {len(by_scope)} scopes, "
+            f"{refused} refused by a service's fence")
 
 
 def check_frozen(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
@@ -599,8 +618,14 @@ def database(backend: str, tmp: Path) -> Iterator[str]:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2 (no usage block)
+        print(f"torture.py: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="torture.py", description="Real workflows and workers under kills, freezes, "
         "faults and races; checks the guarantees from the ledger and the journal.")
     parser.add_argument("--seed", type=int, default=None,
