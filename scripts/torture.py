@@ -84,7 +84,7 @@ FAULT_PATHS = [  # (method, glob) of the requests the workflows send
     ("POST", "/hooks/*"),
 ]
 ACTIONS = {"kill": 1, "term": 1, "freeze": 1, "fault": 3, "cancel": 1, "term_cancel": 1,
-           "replay": 1, "start": 2}
+           "replay": 1, "start": 2, "pg_terminate": 1}
 
 
 @dataclass
@@ -174,7 +174,7 @@ class Torture:
 
     # -- the plan ----------------------------------------------------------------------------
     async def seed_world(self, client: durable.Client) -> None:
-        slots = max(1, self.runs // 4)
+        slots = max(2, self.runs // 2)  # most resets find their slot occupied
         audio_jobs = max(1, self.runs // 4)
         repositories: list[dict[str, Any]] = [
             {"workspace": "templates", "slug": "starter", "files": TEMPLATE_FILES}]
@@ -255,6 +255,9 @@ class Torture:
             self.inject_fault()
         elif action in ("cancel", "term_cancel"):
             await self.cancel(client, action == "term_cancel")
+        elif action == "pg_terminate" and self.backend == "postgres":
+            self.counts["PostgreSQL connections terminated"] += terminate_connections(
+                self.db_url)
         elif action == "replay":
             done = [r for r in await client.list(limit=1000)
                     if r.state in (durable.RunState.FAILED, durable.RunState.CANCELLED)]
@@ -396,7 +399,7 @@ class Torture:
         on_doubt = {name: a.on_doubt for name, a in durable.default_registry.activities.items()}
         checks = [
             check_states(runs, self.stuck),
-            check_completed_once(journals),
+            check_completed_once(journals, ledger),
             check_in_doubt(journals, ledger, on_doubt),
             check_overlap(ledger),
             check_frozen(journals, ledger, self.freezes, self.lease),
@@ -407,6 +410,8 @@ class Torture:
         return {"seed": self.seed, "backend": self.backend, "budget": self.budget,
                 "workers": self.workers, "runs": len(self.plan), "lease": self.lease,
                 "states": dict(Counter(r.state.value for r in runs.values())),
+                "errors": {r.id: (r.error or "")[:160] for r in runs.values()
+                           if r.state is durable.RunState.FAILED},
                 "applied": dict(sorted(self.counts.items())),
                 "requests": len(ledger),
                 "pids": [p.pid for p in self.procs] + [self.services.pid],
@@ -429,9 +434,15 @@ def check_states(runs: dict[str, Any], stuck: dict[str, float]) -> Check:
             "; ".join(bad) or f"{len(runs)} runs")
 
 
-def check_completed_once(journals: dict[str, list[Any]]) -> Check:
+def check_completed_once(journals: dict[str, list[Any]], ledger: list[dict[str, Any]]) -> Check:
+    """From the journal: a completed step is never started again. From the ledger: no
+    attempt after the one that completed a step sent that step's requests."""
     bad = []
     steps = 0
+    tokens = defaultdict(set)  # idempotency key -> tokens the service handled requests of
+    for x in ledger:
+        if x["fencing_token"] is not None and x["handled"]:
+            tokens[x["idempotency_key"]].add(x["fencing_token"])
     for run_id, entries in journals.items():
         done: set[str] = set()
         for e in entries:
@@ -441,6 +452,12 @@ def check_completed_once(journals: dict[str, list[Any]]) -> Check:
             elif e.kind is durable.EntryKind.STEP_STARTED and e.step_key in done:
                 bad.append(f"{run_id} {e.step_key} started again at epoch {e.epoch}")
             elif e.kind is durable.EntryKind.STEP_COMPLETED and e.step_key:
+                if e.step_key not in done:
+                    later = {t for t in tokens[f"{run_id}/{e.step_key}"] if t > e.epoch}
+                    if later and not any(x.kind is durable.EntryKind.RUN_REPLAYED
+                                         and x.data.get("from_step") for x in entries):
+                        bad.append(f"{run_id} {e.step_key} completed at epoch {e.epoch}, "
+                                   f"requests handled for it with token {min(later)}")
                 done.add(e.step_key)
                 steps += 1
     return ("no completed step executed twice", not bad, "; ".join(bad) or f"{steps} steps")
@@ -595,6 +612,8 @@ def table(report: dict[str, Any]) -> str:
              "applied: " + ", ".join(f"{k} {v}" for k, v in report["applied"].items()),
              "runs: " + ", ".join(f"{k} {v}" for k, v in sorted(report["states"].items()))
              + f"; {report['requests']} requests in the services' ledger", ""]
+    for run_id, error in sorted(report["errors"].items()):
+        lines.insert(-1, f"  failed {run_id}: {error}")
     width = max(len(c["check"]) for c in report["checks"])
     lines.append(f"{'check'.ljust(width)}  result  detail")
     lines.append(f"{'-' * width}  ------  ------")
@@ -611,8 +630,8 @@ def database(backend: str, tmp: Path) -> Iterator[str]:
     import psycopg  # the postgres extra
 
     schema = f"torture_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{PG_SERVER}?schema={schema}"
+    try:  # the application name tags this run's connections (terminate_connections)
+        yield f"{PG_SERVER}?schema={schema}&application_name={schema}"
     finally:
         with psycopg.connect(PG_SERVER, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
@@ -622,6 +641,19 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2 (no usage block)
         print(f"torture.py: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def terminate_connections(db_url: str) -> int:
+    """``pg_terminate_backend`` every connection of this run (its application name), as a
+    server restart or a network cut would: the workers' pools must recover."""
+    import psycopg
+
+    name = db_url.rsplit("application_name=", 1)[1]
+    with psycopg.connect(PG_SERVER, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                            (name,)).fetchall()
+    return len(rows)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
