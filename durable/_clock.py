@@ -20,24 +20,13 @@ Tests inject :class:`FakeClock` (``clock=``), which the stores then use for ever
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 """Linux's id of the running boot: a new random UUID at every boot."""
-
-CLOCK_BOOT_ID = "clock_boot_id"
-CLOCK_ANCHOR = "clock_anchor"
-"""The ``durable_meta`` keys of the SQLite store's clock: the boot id, and the wall time at
-boot (seconds since the epoch) as the first process to open the database in it saw it."""
-
-
-SqliteRunner = Callable[..., Awaitable[Any]]
-"""The SQLite store's ``_run(fn, *, write=True)``: runs ``fn(conn)`` in its database thread."""
-
 
 class Clock(Protocol):
     """A source of time in seconds since the epoch."""
@@ -97,52 +86,17 @@ class BootClock:
     def now(self) -> float:
         return self.anchor + self._boottime()
 
-    async def bind_sqlite(self, run: SqliteRunner) -> bool:
-        """Adopt the anchor the database holds for this boot, or store one.
+    def current_boot(self) -> str:
+        """This boot's id (from the injected source)."""
+        return self._boot_id()
 
-        ``run`` is the SQLite store's ``_run`` (a job in its database thread, a write inside
-        ``BEGIN IMMEDIATE``). A read first: in a boot whose anchor is stored, opening writes
-        nothing. Otherwise a write transaction stores it, checking again under the lock, so
-        exactly one process per boot writes the anchor and all others adopt it. When the
-        stored boot id is another boot's, that transaction also expires every running lease.
-        Returns whether this call stored the anchor.
-        """
-        if await run(self._adopt, write=False):
-            return False
-        return bool(await run(self._store_anchor))
+    def guess_anchor(self) -> float:
+        """The wall time at boot as this process sees it now (wall clock minus boottime)."""
+        return self._wall() - self._boottime()
 
-    def _adopt(self, conn: sqlite3.Connection) -> bool:
-        boot_id = self._boot_id()
-        stored = dict(conn.execute(
-            "SELECT key, value FROM durable_meta WHERE key IN (?, ?)",
-            (CLOCK_BOOT_ID, CLOCK_ANCHOR)).fetchall())
-        if stored.get(CLOCK_BOOT_ID) != boot_id or CLOCK_ANCHOR not in stored:
-            return False
-        self.anchor = float(stored[CLOCK_ANCHOR])
-        self.boot_id = boot_id
-        return True
-
-    def _store_anchor(self, conn: sqlite3.Connection) -> bool:
-        if self._adopt(conn):  # another process stored it since our read
-            return False
-        boot_id = self._boot_id()
-        previous = conn.execute("SELECT 1 FROM durable_meta WHERE key = ?",
-                                (CLOCK_BOOT_ID,)).fetchone()
-        anchor = self._wall() - self._boottime()
-        conn.executemany(
-            "INSERT INTO durable_meta (key, value) VALUES (?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            [(CLOCK_BOOT_ID, boot_id), (CLOCK_ANCHOR, repr(anchor))])
-        self.anchor = anchor
-        self.boot_id = boot_id
-        if previous is not None:
-            # leases of another boot: their holders died with it (one machine). Expired as of
-            # now; recovery (the sweep or the read path) requeues and journals them as usual.
-            now = self.now()
-            conn.execute(
-                "UPDATE durable_runs SET lease_expires_at = ? "
-                "WHERE state = 'running' AND lease_expires_at > ?", (now, now))
-        return True
+    def adopt(self, boot_id: str, anchor: float) -> None:
+        """Use the anchor the database holds for this boot (the store reads and stores it)."""
+        self.boot_id, self.anchor = boot_id, anchor
 
 
 def _boottime_now() -> float:

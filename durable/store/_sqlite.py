@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .._clock import Clock, default_sqlite_clock
+from .._clock import BootClock, Clock, default_sqlite_clock
 from .._errors import (
     NotSentError,
     SchemaVersionError,
@@ -165,13 +165,38 @@ class SqliteStore(Store):
         self._db = db
         try:
             await self._run(self._migrate)
-            bind = getattr(self.clock, "bind_sqlite", None)
-            if bind is not None:  # the host's one clock: this boot's anchor, stored once
-                await bind(self._run)
+            if isinstance(self.clock, BootClock):  # the host's one clock, anchored once a boot
+                if not await self._run(self._adopt_clock, write=False):
+                    await self._run(self._store_clock)
             await anyio.to_thread.run_sync(db.start_inline)
         except BaseException:
             await self.aclose()
             raise
+
+    def _adopt_clock(self, conn: sqlite3.Connection) -> bool:
+        """Adopt the anchor the database holds for this boot; False if it holds none."""
+        assert isinstance(self.clock, BootClock)
+        stored = dict(conn.execute(Q["clock_read"]).fetchall())
+        boot_id = self.clock.current_boot()
+        if stored.get("clock_boot_id") != boot_id or "clock_anchor" not in stored:
+            return False
+        self.clock.adopt(boot_id, float(stored["clock_anchor"]))
+        return True
+
+    def _store_clock(self, conn: sqlite3.Connection) -> bool:
+        """Store this boot's anchor (in BEGIN IMMEDIATE, so one process per boot does), unless
+        another process stored it since our read; a new boot expires every running lease."""
+        assert isinstance(self.clock, BootClock)
+        if self._adopt_clock(conn):
+            return False
+        previous = dict(conn.execute(Q["clock_read"]).fetchall()).get("clock_boot_id")
+        boot_id, anchor = self.clock.current_boot(), self.clock.guess_anchor()
+        conn.executemany(Q["clock_store"], [{"key": "clock_boot_id", "value": boot_id},
+                                            {"key": "clock_anchor", "value": repr(anchor)}])
+        self.clock.adopt(boot_id, anchor)
+        if previous is not None:
+            conn.execute(Q["expire_leases_of_another_boot"], {"now": self.clock.now()})
+        return True
 
     async def aclose(self) -> None:
         db, self._db = self._db, None

@@ -186,3 +186,17 @@ VALUES (:namespace, :key, :value, :epoch, :now, 1)
 ON CONFLICT (namespace, key) DO UPDATE
 SET value = excluded.value, updated_at = excluded.updated_at,
     version = durable_records.version + 1;
+
+-- name: clock_read
+-- The host clock's boot id and anchor (durable/_clock.py, BootClock), stored once per boot.
+SELECT key, value FROM durable_meta WHERE key IN ('clock_boot_id', 'clock_anchor');
+
+-- name: clock_store
+INSERT INTO durable_meta (key, value) VALUES (:key, :value)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
+-- name: expire_leases_of_another_boot
+-- The first open of a new boot: every running lease belonged to a process of the previous
+-- boot, dead with it (one machine). Expired as of now; recovery requeues them as usual.
+UPDATE durable_runs SET lease_expires_at = :now
+WHERE state = 'running' AND lease_expires_at > :now;
