@@ -20,7 +20,7 @@ import attrs
 
 from ._client import Client, InDoubt, check_step, describe_replay
 from ._errors import ConfigError, DurableError
-from ._logging import configure_logging
+from ._logging import configure_logging, redact
 from ._registry import default_registry
 from ._report import (
     RecoveryReport,
@@ -470,9 +470,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         result: int = anyio.run(args.func, args, backend=args.backend)
         return result
     except DurableError as exc:
-        if _want_traceback(args):
-            traceback.print_exception(exc, file=sys.stderr)
-        _fail(str(exc))
+        if _want_traceback(args):  # redacted like every other output (secrets never shown)
+            print(redact("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
+        _fail(redact(str(exc)))
     except KeyboardInterrupt:
         _fail("interrupted", 130)
 

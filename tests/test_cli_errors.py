@@ -77,6 +77,20 @@ def test_traceback_flag_and_environment_show_the_full_traceback(modules: Path) -
     assert_one_line_error(quiet, "cannot import 'mymod'")
 
 
+def test_the_error_and_its_traceback_are_redacted(modules: Path) -> None:
+    secret = "tok-9f8e7d-secret"
+    (modules / "leaky.py").write_text(
+        f"raise RuntimeError('config: Authorization: Bearer {secret}')\n")
+    url = f"sqlite:///{modules / 'x.db'}"
+    for flag in ((), ("--traceback",)):
+        result = cli("start", "w", "--import", "leaky", *flag, db=url, cwd=modules)
+        assert result.returncode == 2
+        assert "[redacted]" in result.stderr
+        assert secret not in result.stderr
+        if flag:  # the source line shown in the traceback is redacted too
+            assert "Traceback (most recent call last)" in result.stderr
+
+
 def test_a_module_that_cannot_be_found_says_where_to_look(modules: Path) -> None:
     result = cli("start", "w", "--import", "no_such_module_xyz", cwd=modules,
                  db=f"sqlite:///{modules / 'x.db'}")
