@@ -39,6 +39,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -669,6 +670,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite",
                         help="the store (default sqlite; postgres: 127.0.0.1:5432, db test)")
     parser.add_argument("--lease", type=float, default=2.0, metavar="SECONDS", help="default 2")
+    parser.add_argument("--keep", type=Path, default=None, metavar="FILE",
+                        help="SQLite: keep a copy of the database in FILE, to read it after "
+                        "(python -m durable show ID --db sqlite:///FILE)")
     parser.add_argument("--report", type=Path, default=None, metavar="FILE",
                         help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
@@ -695,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
                 report = anyio.run(torture.run)
             finally:
                 torture.kill_all()
+            if args.keep is not None and args.backend == "sqlite":
+                shutil.copyfile(tmp / "torture.db", args.keep)
     print(table(report))
     if args.report is not None:
         args.report.write_text(json.dumps(report, indent=2))
