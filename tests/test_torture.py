@@ -15,9 +15,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from durable._types import EntryKind, JournalEntry
 from tests.pg import postgres_server
 
 from .conftest import ROOT, subprocess_env
@@ -75,3 +77,97 @@ def test_bad_arguments_are_one_line_and_exit_2() -> None:
         "--workers must be between 1 and 16, not 0"), done.stderr
     assert "Traceback" not in done.stderr
 
+
+
+# -- the checks themselves: each one fails on the violation it names ------------------------------
+def _checks() -> Any:
+    from scripts import torture as t
+
+    return t
+
+
+def _journal(run_id: str, *rows: tuple[str, int, float, str | None, str | None, dict[str, Any]]
+             ) -> list[JournalEntry]:
+    return [JournalEntry(seq, run_id, epoch, EntryKind(kind), at, step_key=key, name=name,
+                         data=data)
+            for seq, (kind, epoch, at, key, name, data) in enumerate(rows, 1)]
+
+
+def _request(run: str, key: str, token: int, at: float, *, scope: str = "key:s1",
+             handled: bool = True, billed: bool = False) -> dict[str, Any]:
+    return {"idempotency_key": f"{run}/{key}", "fencing_token": token, "fencing_scope": scope,
+            "arrived_at": at, "ended_at": at + 0.01, "handled": handled, "refused": not handled,
+            "billed": billed, "method": "DELETE", "path": "/api/v1/databases/db-s1"}
+
+
+def test_the_overlap_check_fails_on_an_old_token_sent_after_a_newer_one() -> None:
+    t = _checks()
+    fine = [_request("a", "1:x", 1, 10.0), _request("a", "2:y", 2, 11.0),
+            _request("b", "1:x", 3, 12.0)]
+    assert t.check_overlap(fine)[1]
+    late = [*fine, _request("a", "3:z", 2, 12.5, handled=False)]  # refused, but sent
+    ok, detail = t.check_overlap(late)[1:]
+    assert not ok and "token 2 sent a request 0.500s after token 3's first" in detail
+
+
+def test_the_completed_step_check_fails_on_a_step_started_or_sent_again() -> None:
+    t = _checks()
+    journal = _journal("a", ("run_claimed", 1, 1.0, None, None, {}),
+                       ("step_started", 1, 1.1, "1:x", "x", {}),
+                       ("step_completed", 1, 1.2, "1:x", "x", {}),
+                       ("run_claimed", 2, 5.0, None, None, {}))
+    assert t.check_completed_once({"a": journal}, [_request("a", "1:x", 1, 1.1)])[1]
+    ok, detail = t.check_completed_once({"a": journal}, [_request("a", "1:x", 2, 5.1)])[1:]
+    assert not ok and "requests handled for it with token 2" in detail
+    again = [*journal, *_journal("a", ("step_started", 2, 5.1, "1:x", "x", {}))]
+    assert not t.check_completed_once({"a": again}, [])[1]
+
+
+def test_the_in_doubt_check_fails_on_a_fail_step_sent_again_by_a_later_attempt() -> None:
+    t = _checks()
+    journal = _journal("a", ("run_claimed", 1, 1.0, None, None, {}),
+                       ("step_started", 1, 1.1, "n", "notify.send", {}),
+                       ("run_claimed", 2, 5.0, None, None, {}),
+                       ("step_started", 2, 5.1, "n", "notify.send", {}))
+    on_doubt = {"notify.send": "fail"}
+    assert t.check_in_doubt({"a": journal}, [_request("a", "n", 1, 1.1)], on_doubt)[1]
+    ok, detail = t.check_in_doubt({"a": journal}, [_request("a", "n", 2, 5.1)], on_doubt)[1:]
+    assert not ok and "sent again with token 2" in detail
+    assert t.check_in_doubt({"a": journal}, [_request("a", "n", 2, 5.1)],
+                            {"notify.send": "retry"})[1]
+
+
+def test_the_frozen_check_fails_on_a_request_after_the_worker_continued() -> None:
+    t = _checks()
+    journal = _journal("a", ("run_claimed", 1, 1.0, None, None, {"worker": "vm:4242:abc"}))
+    freeze = t.Freeze(4242, stopped_at=2.0, continue_at=6.0, continued_at=6.0)
+    assert t.check_frozen({"a": journal}, [_request("a", "1:x", 1, 1.5)], [freeze], 2.0)[1]
+    ok, detail = t.check_frozen({"a": journal}, [_request("a", "1:x", 1, 6.2)], [freeze],
+                                2.0)[1:]
+    assert not ok and "after its worker (pid 4242) was continued" in detail
+
+
+def test_the_billing_and_notification_checks_fail_on_duplicates() -> None:
+    t = _checks()
+    once = [_request("j", "item-1", 1, 1.0, billed=True), _request("j", "item-2", 1, 1.1,
+                                                                    billed=True)]
+    assert t.check_billing(once)[1]
+    assert not t.check_billing([*once, _request("j", "item-1", 2, 5.0, billed=True)])[1]
+    note = {"idempotency_key": "r/failed-notify", "body": {"outcome": "reset_failed"}}
+    assert t.check_notifications([note], {"r": []})[1]
+    assert not t.check_notifications([note, dict(note)], {"r": []})[1]
+    other_key = {"idempotency_key": "r/failed-2-notify", "body": {"outcome": "reset_failed"}}
+    assert not t.check_notifications([note, other_key], {"r": []})[1]  # item 7's shape
+
+
+def test_the_cancel_check_fails_when_the_run_goes_on() -> None:
+    t = _checks()
+    runs = {"a": type("R", (), {"state": type("S", (), {"value": "completed"})()})()}
+    honoured = _journal("a", ("run_cancel_requested", 1, 10.0, None, None, {}),
+                        ("run_cancelled", 1, 10.8, None, None, {}))
+    assert t.check_cancels({"a": honoured}, runs, 2.5)[1]
+    went_on = _journal("a", ("run_cancel_requested", 1, 10.0, None, None, {}),
+                       ("step_started", 2, 14.0, "8", "paas.delete_volumes", {}),
+                       ("run_completed", 2, 15.0, None, None, {}))
+    ok, detail = t.check_cancels({"a": went_on}, runs, 2.5)[1:]
+    assert not ok and "ended run_completed 5.0s later" in detail
