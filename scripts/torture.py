@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -688,6 +689,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # this script's own pool replaces the connections it terminates: psycopg_pool says so on
+    # stderr, once per connection, which is the point of the exercise, not news
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     print(f"torture: seed {args.seed} (replay with --seed {args.seed})", flush=True)
     with tempfile.TemporaryDirectory(prefix="durable-torture-") as tmp_name:
         tmp = Path(tmp_name)
