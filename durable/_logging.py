@@ -41,7 +41,8 @@ _SECRET_PATTERNS = [
      r"\1[redacted]"),
     (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey|key|password|secret)=)[^&\s'\"]+"),
      r"\1[redacted]"),
-    (re.compile(r"(?i)(://[^:/@\s]+:)[^@/\s]+@"), r"\1[redacted]@"),
+    # a password already masked as *** (the stores' own URLs) is left as it is
+    (re.compile(r"(?i)(://[^:/@\s]+:)(?!\*+@)[^@/\s]+@"), r"\1[redacted]@"),
 ]
 # a field or ``extra`` key that names a credential (``authorization``, ``api_token``,
 # ``client_secret``, ``db_password``...) is blanked whatever its value
