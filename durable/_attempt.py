@@ -17,7 +17,7 @@ it still holds its epoch (the store checks).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -37,6 +37,7 @@ from ._errors import (
     AttemptCancelled,
     LeaseLostError,
     NonDeterminismError,
+    NotSentError,
     StaleRecordError,
     StepInDoubtError,
     StoreError,
@@ -177,14 +178,35 @@ class Attempt:
             return
         written = False
         try:
-            with self.lease.shielded(WRITE_TIMEOUT):
-                written = await self.store.append(self.fence, batch)
+            written = await self.fenced(lambda: self.store.append(self.fence, batch))
         except StoreError as exc:
             # cannot tell whether it committed: stop here and let recovery resume the run
             self.log.error("journal_write_failed", error=str(exc))
         if not written:
             self.lose("a journal write was refused, or its outcome is unknown")
             raise self.refusal()
+
+    async def fenced(self, write: Callable[[], Awaitable[bool]]) -> bool:
+        """One fenced store write, shielded (bounded by :data:`WRITE_TIMEOUT` and the lease).
+
+        A write the store says was never sent (:class:`NotSentError`: no connection could be
+        had, the database stayed busy) changed nothing, so it is tried again, with backoff,
+        while the lease holds; any other store error leaves its outcome unknown and is
+        raised. False when the fence refused it, or when the time ran out before an answer.
+        """
+        delay = 0.05
+        while True:
+            try:
+                with self.lease.shielded(WRITE_TIMEOUT):
+                    return await write()
+                return False  # the shielded scope ran out (or the lease was lost) first
+            except NotSentError as exc:
+                if not self.lease.holds():
+                    raise
+                self.log.warning("store_write_not_sent", error=str(exc), retry_in=delay)
+                with self.lease.shielded(delay):
+                    await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def put_records(self, records: list[tuple[str, str, JSON]],
                           entry: JournalWrite,
@@ -195,9 +217,8 @@ class Attempt:
         batch = self._take_deferred([entry])
         written = False
         try:
-            with self.lease.shielded(WRITE_TIMEOUT):
-                written = await self.store.put_records(self.fence, records, batch,
-                                                       expected=expected)
+            written = await self.fenced(lambda: self.store.put_records(
+                self.fence, records, batch, expected=expected))
         except StaleRecordError:  # nothing was written: the deferred entries go with the next
             self._deferred = [*batch[:-1], *self._deferred]
             raise
@@ -324,9 +345,9 @@ class Attempt:
         ok = True
         try:
             if kind == "completed":
-                ok = await self.store.finish(
-                    self.fence, RunState.COMPLETED, result=value,
-                    entries=self._take_deferred([JournalWrite(EntryKind.RUN_COMPLETED)]))
+                entries = self._take_deferred([JournalWrite(EntryKind.RUN_COMPLETED)])
+                ok = await self.fenced(lambda: self.store.finish(
+                    self.fence, RunState.COMPLETED, result=value, entries=entries))
                 log.info("run_completed") if ok else None
             elif kind == "failed":
                 exc: BaseException = value
@@ -336,29 +357,29 @@ class Attempt:
                 data: dict[str, JSON] = {"error": message, "error_type": type(exc).__name__}
                 if isinstance(exc, ActivityError | StepInDoubtError):
                     data["step"] = exc.step
-                ok = await self.store.finish(
-                    self.fence, RunState.FAILED, error=message,
-                    entries=self._take_deferred(
-                        [*steps.doubt_entries("the run failed while it was in flight"),
-                         JournalWrite(EntryKind.RUN_FAILED, data=data)]))
+                entries = self._take_deferred(
+                    [*steps.doubt_entries("the run failed while it was in flight"),
+                     JournalWrite(EntryKind.RUN_FAILED, data=data)])
+                ok = await self.fenced(lambda: self.store.finish(
+                    self.fence, RunState.FAILED, error=message, entries=entries))
                 log.warning("run_failed", error=message) if ok else None
             elif kind == "abandoned":
                 log.warning("attempt_abandoned", reason=value,
                             in_flight=sorted(steps.in_flight))
                 return
             elif value == "cancelled":
-                ok = await self.store.finish(
+                entries = self._take_deferred(
+                    [*steps.doubt_entries("cancelled while in flight", earlier=True),
+                     JournalWrite(EntryKind.RUN_CANCELLED, data={"by": "operator"})])
+                ok = await self.fenced(lambda: self.store.finish(
                     self.fence, RunState.CANCELLED, error="cancelled by an operator",
-                    entries=self._take_deferred(
-                        [*steps.doubt_entries("cancelled while in flight", earlier=True),
-                         JournalWrite(EntryKind.RUN_CANCELLED, data={"by": "operator"})]))
+                    entries=entries))
                 log.info("run_cancelled") if ok else None
             else:  # shutdown: give the run back at once
-                ok = await self.store.release(
-                    self.fence,
-                    self._take_deferred(
-                        [*steps.doubt_entries(f"interrupted by {value}"),
-                         JournalWrite(EntryKind.RUN_INTERRUPTED, data={"reason": value})]))
+                entries = self._take_deferred(
+                    [*steps.doubt_entries(f"interrupted by {value}"),
+                     JournalWrite(EntryKind.RUN_INTERRUPTED, data={"reason": value})])
+                ok = await self.fenced(lambda: self.store.release(self.fence, entries))
                 log.info("run_released", reason=value) if ok else None
         except StoreError as exc:
             log.error("conclude_failed", error=str(exc))
