@@ -60,17 +60,20 @@ def workflow_once(registry: durable.Registry, calls: list[int]) -> None:
         return str(await create(ctx))
 
 
-async def run_on(store: SqliteStore) -> tuple[durable.Run, list[int], list[str]]:
+async def run_on(store: FlakyStore) -> tuple[durable.Run, list[int], list[str]]:
+    """Start one run with a worker on ``store``; return it once the worker is done with it:
+    finished, or (the attempt stopped) no longer held by the worker."""
     registry = durable.Registry()
     calls: list[int] = []
     workflow_once(registry, calls)
     await store.open()
     try:
         client = durable.Client(store, registry=registry)
-        async with running_worker(client, registry, lease=5):
-            run = await client.start("ns.flow", id="r1")
-            with anyio.fail_after(20):
-                while not (run := await client.get("r1")).state.finished:
+        async with running_worker(client, registry, lease=5) as worker:
+            await client.start("ns.flow", id="r1")
+            with anyio.fail_after(20):  # a bounded poll
+                while not (run := await client.get("r1")).state.finished and (
+                        store.refused < store.fail or worker.active):
                     await anyio.sleep(0.02)
         kinds = [e.kind.value for e in await store.journal("r1")]
     finally:
@@ -92,21 +95,7 @@ async def test_a_write_that_was_not_sent_is_tried_again_within_the_lease(
 
 async def test_a_write_whose_outcome_is_unknown_stops_the_attempt(tmp_path: Path) -> None:
     store = FlakyStore(str(tmp_path / "d.db"), durable.StoreUnavailableError, fail=1)
-    registry = durable.Registry()
-    calls: list[int] = []
-    workflow_once(registry, calls)
-    await store.open()
-    try:
-        client = durable.Client(store, registry=registry)
-        async with running_worker(client, registry, lease=5) as worker:
-            await client.start("ns.flow", id="r1")
-            with anyio.fail_after(20):
-                while store.refused < 1 or worker.active:
-                    await anyio.sleep(0.02)
-            run = await store.get_run("r1")
-        kinds = [e.kind.value for e in await store.journal("r1")]
-    finally:
-        await store.aclose()
-    assert run is not None and run.state is RunState.RUNNING  # left to recovery, on its lease
+    run, calls, kinds = await run_on(store)
+    assert run.state is RunState.RUNNING  # left to recovery, on its lease
     assert calls == []  # its step_started write failed: the step never ran
     assert EntryKind.STEP_STARTED.value not in kinds
