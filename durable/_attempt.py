@@ -326,6 +326,9 @@ class Attempt:
             # runs again; the conclusion lists the steps left in doubt
             self.stop("cancelled")
             return None
+        stale = await self._stale_read()
+        if stale is not None:
+            return ("failed", stale)
         wf = self.registry.workflow(self.run.workflow)
         timeout = wf.timeout if self.run.timeout is None else self.run.timeout
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
@@ -338,6 +341,20 @@ class Attempt:
         refuse_unknown(result)
         dumps(result, "the workflow's result")
         return ("completed", result)
+
+    async def _stale_read(self) -> StaleRecordError | None:
+        """A resumed run replays the records it read from its journal; if one changed since
+        (another run, after this one failed, was cancelled or died), its journaled steps
+        would act on the old value: it runs nothing and fails, naming the record."""
+        for (namespace, key), version in self.steps.history.record_versions.items():
+            record = await self.store.get_record(namespace, key)
+            current = 0 if record is None else record.version
+            if current != version:
+                return StaleRecordError(
+                    namespace, key, version, current,
+                    "this attempt ran nothing (its journal holds the old value); "
+                    "start a new run")
+        return None
 
     async def _conclude(self, kind: str, value: Any) -> None:
         log = self.log

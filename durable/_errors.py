@@ -80,12 +80,13 @@ class StaleRecordError(DurableError):
     StoreError: the store worked, and trying again cannot succeed without a new read.
     """
 
-    def __init__(self, namespace: str, key: str, expected: int, actual: int) -> None:
+    def __init__(self, namespace: str, key: str, expected: int, actual: int,
+                 consequence: str = "not overwritten; read it again and decide") -> None:
         read = "absent" if expected == 0 else f"version {expected}"
         now = "absent" if actual == 0 else f"now {actual}"
         super().__init__(
             f"record {namespace}/{key} changed since this run read it ({read}, {now}): "
-            "not overwritten; read it again and decide")
+            f"{consequence}")
         self.namespace = namespace
         self.key = key
         self.expected = expected
