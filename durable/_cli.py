@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import anyio
 import attrs
+from anyio.abc import TaskStatus
 
 from ._client import Client, InDoubt, check_step, describe_replay
 from ._errors import ConfigError, DurableError
@@ -246,7 +247,7 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
         worker = Worker(store, concurrency=args.concurrency, lease=args.lease,
                         grace=args.grace, poll_interval=args.poll, console_url=args.console_url)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_signals, worker)
+            await tg.start(_watch_signals, worker)  # handlers in place before worker_started
             await worker.run()
             tg.cancel_scope.cancel()
     finally:
@@ -255,8 +256,10 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _watch_signals(worker: Worker) -> None:
+async def _watch_signals(worker: Worker, *,
+                         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
         count = 0
         async for _signum in signals:
             count += 1
