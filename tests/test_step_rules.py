@@ -29,10 +29,14 @@ async def test_unkeyed_steps_started_concurrently_are_refused(
         client: durable.Client, registry: durable.Registry) -> None:
     deleted: list[str] = []
 
+    both_started = anyio.Event()
+
     @durable.activity("db.delete", registry=registry)
     async def delete(ctx: durable.ActivityContext, name: str) -> str:
         deleted.append(name)
-        await anyio.sleep(0.05)
+        if len(deleted) == 2:
+            both_started.set()  # only if the engine let the second unkeyed step start
+        await both_started.wait()  # in flight until then: the calls overlap for certain
         return f"{name} deleted"
 
     @durable.workflow("both", registry=registry)
@@ -53,13 +57,20 @@ async def test_unkeyed_steps_started_concurrently_are_refused(
     assert done.state is RunState.FAILED
     assert done.error is not None and "key=" in done.error
     assert "db.delete" in done.error
+    assert len(deleted) == 1  # the second unkeyed call never ran
 
 
 async def test_keyed_steps_in_a_task_group_keep_their_own_results(
         client: durable.Client, registry: durable.Registry) -> None:
+    started: list[str] = []
+    both_started = anyio.Event()
+
     @durable.activity("db.delete", registry=registry)
     async def delete(ctx: durable.ActivityContext, name: str) -> str:
-        await anyio.sleep(0.01)
+        started.append(name)
+        if len(started) == 2:
+            both_started.set()
+        await both_started.wait()  # both keyed steps are in flight at once
         return f"{name} deleted"
 
     @durable.workflow("both", registry=registry)
