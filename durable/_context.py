@@ -16,7 +16,7 @@ import httpx
 
 from ._errors import LeaseLostError
 from ._logging import redact
-from ._types import JSON
+from ._types import JSON, Run
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -33,9 +33,9 @@ a run without a key (percent-encoded UTF-8; see docs/design.md, "The fencing tok
 
 
 def fencing_scope(run_id: str, key: str | None) -> str:
-    """A run's fencing scope as sent in :data:`FENCING_SCOPE_HEADER` (always ASCII)."""
-    scope = f"run:{run_id}" if key is None else f"key:{key}"
-    return quote(scope, safe=":/@-._~")
+    """A run's fencing scope (:meth:`Run.scope_of`) as sent in :data:`FENCING_SCOPE_HEADER`:
+    percent-encoded, so always ASCII."""
+    return quote(Run.scope_of(run_id, key), safe=":/@-._~")
 
 
 def _where(request: httpx.Request) -> tuple[str, str]:
