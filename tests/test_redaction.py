@@ -101,8 +101,6 @@ async def test_the_journal_and_the_run_error_carry_no_credential_of_the_cause_ch
 def test_a_password_already_masked_is_left_as_it_is() -> None:
     """The stores show their URLs as user:***@host; redacting those again hid nothing and
     changed the message a user searches for."""
-    from durable._logging import redact
-
     assert redact("postgresql://me:***@db:5432/x") == "postgresql://me:***@db:5432/x"
     assert redact("postgresql://me:hunter2@db:5432/x") == "postgresql://me:[redacted]@db:5432/x"
     assert redact("postgresql://me:***x@db/x") == "postgresql://me:[redacted]@db/x"
