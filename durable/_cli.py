@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
-import attrs
 from anyio.abc import TaskStatus
 
 from ._client import Client, InDoubt, check_step, describe_replay
@@ -24,15 +23,14 @@ from ._errors import ConfigError, DurableError
 from ._logging import configure_logging, redact
 from ._registry import default_registry
 from ._report import (
-    RecoveryReport,
     clip,
     one_line,
     render_timeline,
     terminal_width,
-    timeline_rows,
     use_color,
 )
-from ._types import JournalEntry, Run, RunState
+from ._shapes import run_json, show_json
+from ._types import RunState
 from ._version import __version__
 from ._worker import Worker
 from .store import Store, store_from_url
@@ -115,18 +113,6 @@ def _imports(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def run_json(run: Run) -> dict[str, Any]:
-    data = attrs.asdict(run)
-    data["state"] = run.state.value
-    return data
-
-
-def entry_json(entry: JournalEntry) -> dict[str, Any]:
-    data = attrs.asdict(entry)
-    data["kind"] = entry.kind.value
-    return data
-
-
 def _parse_json_arg(text: str) -> Any:
     try:
         return json.loads(text)
@@ -182,15 +168,7 @@ async def _cmd_show(args: argparse.Namespace) -> int:
     if args.step is not None:
         check_step(run.id, entries, args.step, "--step")
     if args.json:
-        report = RecoveryReport.build(run, entries, args.console_url)
-        print(json.dumps({
-            "run": run_json(run),
-            "steps": [row for row in timeline_rows(run, entries)
-                      if args.step is None or row.get("step") == args.step],
-            "journal": [entry_json(e) for e in entries
-                        if args.step is None or e.step == args.step],
-            "report": report.as_dict(),
-        }, indent=2))
+        print(json.dumps(show_json(run, entries, args.console_url, args.step), indent=2))
         return 0
     print(render_timeline(run, entries, step=args.step, console_url=args.console_url,
                           width=terminal_width(sys.stdout),

@@ -1,0 +1,40 @@
+"""The JSON shapes of runs, journals and run details: one definition, used by the CLI's
+``--json`` output and by the console's JSON API, so both always agree."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ._report import RecoveryReport, timeline_rows
+from ._types import JournalEntry, Run
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    """A run as JSON: every field of :class:`durable.Run`, the state as its name."""
+    data = attrs.asdict(run)
+    data["state"] = run.state.value
+    return data
+
+
+def entry_json(entry: JournalEntry) -> dict[str, Any]:
+    """A journal entry as JSON: every field of :class:`durable.JournalEntry`."""
+    data = attrs.asdict(entry)
+    data["kind"] = entry.kind.value
+    return data
+
+
+def show_json(run: Run, entries: Sequence[JournalEntry], console_url: str | None = None,
+              step: int | None = None) -> dict[str, Any]:
+    """``show ID --json``: the run, its steps (timeline rows), its journal and its recovery
+    report; with ``step``, only that step's rows and entries."""
+    report = RecoveryReport.build(run, entries, console_url)
+    return {
+        "run": run_json(run),
+        "steps": [row for row in timeline_rows(run, entries)
+                  if step is None or row.get("step") == step],
+        "journal": [entry_json(e) for e in entries if step is None or e.step == step],
+        "report": report.as_dict(),
+    }
