@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -22,8 +22,9 @@ from ._history import History
 from ._logging import get_logger
 from ._registry import Registry, Workflow, default_registry
 from ._report import RecoveryReport
-from ._types import JournalEntry, NewRun, Run, RunState, StepState, dumps
+from ._types import JSON, JournalEntry, NewRun, Run, RunState, StepState, dumps
 from .store import Store, store_from_url
+from .store._base import Cursor
 
 InDoubt = Literal["rerun", "accept"]
 
@@ -137,18 +138,40 @@ class Client:
 
     async def list(self, *, state: RunState | str | None = None,
                    workflow: Workflow | str | None = None, key: str | None = None,
-                   limit: int = 100) -> builtins.list[Run]:
-        if isinstance(state, str):
-            try:
-                state = RunState(state)
-            except ValueError:
-                raise ConfigError(
-                    f"unknown state {state!r}; one of: "
-                    + ", ".join(s.value for s in RunState)) from None
+                   limit: int = 100, before: Cursor | None = None,
+                   created_from: dt.datetime | float | None = None,
+                   created_to: dt.datetime | float | None = None,
+                   id_prefix: str | None = None) -> builtins.list[Run]:
+        """Up to ``limit`` runs, newest first (by ``created_at``, then ``id``, descending).
+
+        ``before`` is the cursor of the next page: ``(run.created_at, run.id)`` of the last
+        run of this one. ``created_from`` (inclusive) and ``created_to`` (exclusive) bound
+        the creation time (datetimes, or store seconds); ``id_prefix`` matches ids that start
+        with it, literally. Every filter shape is an indexed query (docs/list-queries.md).
+        """
+        state = _state(state)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(f"limit must be a whole number, 0 or more, not {limit!r}")
+        start, end = _when(created_from, "created_from"), _when(created_to, "created_to")
+        if start is not None and end is not None and start > end:
+            raise ConfigError("created_from must not be after created_to")
+        cursor = _cursor(before)
+        if id_prefix is not None and not isinstance(id_prefix, str):
+            raise ConfigError(f"id_prefix must be a string, not {id_prefix!r}")
         name = workflow.name if isinstance(workflow, Workflow) else workflow
-        runs = await self.store.list_runs(state=state, workflow=name, key=key, limit=limit)
+        runs = await self.store.list_runs(
+            state=state, workflow=name, key=key, limit=limit, before=cursor,
+            created_from=start, created_to=end, id_prefix=id_prefix or None)
         recovered = [await self._recover(r) for r in runs]
         return [r for r in recovered if state is None or r.state is state]
+
+    async def counts(self, workflow: Workflow | str | None = None,
+                     key: str | None = None) -> dict[str, int]:
+        """The number of runs in each state, ``{"queued": 3, "running": 1, ...}`` (every
+        state, 0 when none), optionally of one workflow and/or key; from an index."""
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        counts = await self.store.count_runs(workflow=name, key=key)
+        return {state.value: counts.get(state, 0) for state in RunState}
 
     async def journal(self, run_id: str) -> builtins.list[JournalEntry]:
         await self.get(run_id)
@@ -169,12 +192,17 @@ class Client:
                 await anyio.sleep(poll)
 
     # -- operator actions ----------------------------------------------------------------------
-    async def cancel(self, run_id: str) -> Run:
-        """Cancel a queued (or delayed) run at once; ask the worker holding a running one."""
+    async def cancel(self, run_id: str, *, origin: Mapping[str, JSON] | None = None) -> Run:
+        """Cancel a queued (or delayed) run at once; ask the worker holding a running one.
+
+        ``origin`` says who and where the request came from (``{"via": "console", "remote":
+        "127.0.0.1"}``, ``{"via": "cli", "user": ..., "host": ...}``); it is journaled with
+        the cancel as ``"origin"``. Never put a secret in it.
+        """
         run = await self.get(run_id)
         if run.state.finished:
             raise InvalidStateError(f"run {run_id} is already {run.state.value}")
-        cancelled = await self.store.request_cancel(run_id)
+        cancelled = await self.store.request_cancel(run_id, by=_origin(origin))
         if cancelled is None:
             run = await self.get(run_id)
             raise InvalidStateError(f"run {run_id} is {run.state.value}; nothing to cancel")
@@ -182,7 +210,8 @@ class Client:
         return cancelled
 
     async def replay(self, run_id: str, from_step: int | None = None,
-                     in_doubt: InDoubt | None = None) -> Run:
+                     in_doubt: InDoubt | None = None, *,
+                     origin: Mapping[str, JSON] | None = None) -> Run:
         """Queue a failed or cancelled run again as a new attempt.
 
         Completed steps return their journaled results; execution goes on live from the first
@@ -195,6 +224,7 @@ class Client:
             raise ConfigError(f"from_step is a step number (1, 2, ...), not {from_step!r}")
         if in_doubt not in (None, "rerun", "accept"):
             raise ConfigError("in_doubt must be 'rerun' or 'accept'")
+        by = _origin(origin)
         run = await self.get(run_id)
         if run.state not in (RunState.FAILED, RunState.CANCELLED):
             raise InvalidStateError(
@@ -202,13 +232,63 @@ class Client:
                 "replayed")
         if from_step is not None:  # refused before anything is written
             check_step(run_id, await self.store.journal(run_id), from_step, "from_step")
-        queued = await self.store.requeue(run_id, from_step, in_doubt)
+        queued = await self.store.requeue(run_id, from_step, in_doubt, by=by)
         if queued is None:
             raise InvalidStateError(f"run {run_id} changed state meanwhile; look again")
         self.log.info("run_replayed", workflow_id=run_id, from_step=from_step,
                       in_doubt=in_doubt)
         return queued
 
+
+def _state(state: RunState | str | None) -> RunState | None:
+    if isinstance(state, str) and not isinstance(state, RunState):
+        try:
+            return RunState(state)
+        except ValueError:
+            raise ConfigError(
+                f"unknown state {state!r}; one of: "
+                + ", ".join(s.value for s in RunState)) from None
+    return state
+
+
+def _when(value: dt.datetime | float | None, option: str) -> float | None:
+    """A time bound in store seconds: a timezone-aware datetime, or seconds."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise ConfigError(f"{option} must be timezone-aware")
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ConfigError(f"{option} must be a datetime or seconds, not {value!r}")
+    return float(value)
+
+
+def _cursor(before: Cursor | None) -> Cursor | None:
+    if before is None:
+        return None
+    try:
+        at, run_id = before
+    except (TypeError, ValueError):
+        raise ConfigError(
+            "before must be the (created_at, id) of the last run of the previous page, "
+            f"not {before!r}") from None
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not isinstance(run_id, str):
+        raise ConfigError(
+            "before must be the (created_at, id) of the last run of the previous page, "
+            f"not {before!r}")
+    return float(at), run_id
+
+
+def _origin(origin: Mapping[str, JSON] | None) -> dict[str, JSON] | None:
+    """Who and where an operator action came from, checked before anything is written."""
+    if origin is None:
+        return None
+    if not isinstance(origin, Mapping) or not all(isinstance(k, str) for k in origin):
+        raise ConfigError("origin must be a mapping of names to JSON values")
+    value = dict(origin)
+    dumps(value, "origin")
+    return value
 
 
 def _key_text(key: str | None) -> str:

@@ -29,7 +29,7 @@ from .._types import (
     RunState,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10
@@ -58,6 +58,82 @@ def ended_entry(state: RunState, row: Mapping[str, Any], when: str) -> JournalWr
             "error": row["error"], "error_type": "RecoveryLimitError",
             "step": row["step"], "recoveries": int(row["recoveries"])})
     return None
+
+
+Cursor = tuple[float, str]
+"""A keyset cursor into the runs list: ``(created_at, id)`` of the last run of a page."""
+
+RUN_FILTERS = ("state", "workflow", "key", "before", "created_from", "created_to", "id_prefix")
+"""The filters of :meth:`Store.list_runs`, in the order their fragments are joined."""
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least string above every string that starts with ``prefix``, in code point
+    (SQLite's binary, PostgreSQL's ``"C"``) order; None when there is none (all U+10FFFF).
+
+    So ``id >= prefix AND id < prefix_end(prefix)`` is the prefix as a range of the primary
+    key: no LIKE, so ``%`` and ``_`` in the prefix are plain characters.
+    """
+    chars = list(prefix)
+    while chars:
+        code = ord(chars.pop()) + 1
+        if code == 0xD800:  # surrogates are not characters (and have no UTF-8 form)
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return "".join(chars) + chr(code)
+    return None
+
+
+def run_filters(
+    fragments: Mapping[str, str],
+    *,
+    state: RunState | None = None,
+    workflow: str | None = None,
+    key: str | None = None,
+    before: Cursor | None = None,
+    created_from: float | None = None,
+    created_to: float | None = None,
+    id_prefix: str | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The WHERE clause (``""`` when nothing is filtered) and its parameters, joined from
+    the fixed fragments ``runs_where_<filter>`` of a dialect's queries.sql, one per filter
+    given. Never ``(:x IS NULL OR col = :x)``: SQLite cannot use an index for that."""
+    params: dict[str, Any] = {}
+    used: list[str] = []
+    if state is not None:
+        used.append("state")
+        params["state"] = RunState(state).value
+    if workflow is not None:
+        used.append("workflow")
+        params["workflow"] = workflow
+    if key is not None:
+        used.append("key")
+        params["key"] = key
+    if before is not None:
+        used.append("before")
+        params["before_at"], params["before_id"] = float(before[0]), str(before[1])
+    if created_from is not None:
+        used.append("created_from")
+        params["created_from"] = float(created_from)
+    if created_to is not None:
+        used.append("created_to")
+        params["created_to"] = float(created_to)
+    if id_prefix:
+        end = prefix_end(id_prefix)
+        used.append("id_prefix" if end is not None else "id_prefix_open")
+        params["id_prefix"], params["id_prefix_end"] = id_prefix, end
+    if not used:
+        return "", params
+    return "WHERE " + "\n  AND ".join(fragments[f"runs_where_{f}"] for f in used), params
+
+
+def operator_data(data: Mapping[str, JSON], by: Mapping[str, JSON] | None) -> dict[str, JSON]:
+    """The data of an operator action's journal entry: the action's own items, and
+    ``"origin"`` (who and where the action came from) when known."""
+    entry: dict[str, JSON] = dict(data)
+    if by is not None:
+        entry["origin"] = dict(by)
+    return entry
 
 
 class Store(abc.ABC):
@@ -108,8 +184,27 @@ class Store(abc.ABC):
         workflow: str | None = None,
         key: str | None = None,
         limit: int = 100,
+        before: Cursor | None = None,
+        created_from: float | None = None,
+        created_to: float | None = None,
+        id_prefix: str | None = None,
     ) -> list[Run]:
-        """Runs, newest first."""
+        """Up to ``limit`` runs, newest first: by ``(created_at, id)`` descending.
+
+        Filters, all optional and combined with AND: ``state``, ``workflow``, ``key`` (the
+        concurrency key); ``before``, the keyset cursor ``(created_at, id)`` of the last run
+        of the previous page (only runs strictly after it in this order, so paging visits
+        every run once, even runs created in the same instant); ``created_from`` (inclusive)
+        and ``created_to`` (exclusive), in store seconds; ``id_prefix``, ids that start with
+        it (literally: no wildcards). Every shape is an indexed query (docs/list-queries.md).
+        """
+
+    @abc.abstractmethod
+    async def count_runs(
+        self, *, workflow: str | None = None, key: str | None = None
+    ) -> dict[RunState, int]:
+        """The number of runs in each state (every state, 0 when none), optionally of one
+        workflow and/or concurrency key; counted from an index."""
 
     @abc.abstractmethod
     async def latest_run(self, workflow: str, key: str) -> Run | None:
@@ -196,15 +291,30 @@ class Store(abc.ABC):
 
     # -- operator actions ---------------------------------------------------------------------
     @abc.abstractmethod
-    async def request_cancel(self, run_id: str) -> Run | None:
+    async def request_cancel(
+        self, run_id: str, by: Mapping[str, JSON] | None = None
+    ) -> Run | None:
         """Cancel a queued run at once, or flag a running one, in one statement; None if the
-        run is finished or missing."""
+        run is finished or missing.
+
+        ``by`` says who and where the request came from (``{"via": "console", "remote":
+        ...}``); it is journaled as ``"origin"`` in the ``run_cancelled`` or
+        ``run_cancel_requested`` entry, written with the change.
+        """
 
     @abc.abstractmethod
     async def requeue(
-        self, run_id: str, replay_from: int | None, doubt_policy: str | None
+        self,
+        run_id: str,
+        replay_from: int | None,
+        doubt_policy: str | None,
+        by: Mapping[str, JSON] | None = None,
     ) -> Run | None:
-        """Queue a failed or cancelled run again (replay); None if it is in another state."""
+        """Queue a failed or cancelled run again (replay); None if it is in another state.
+
+        ``by`` (who and where from) is journaled as ``"origin"`` in the ``run_replayed``
+        entry, written with the change.
+        """
 
     # -- fenced application records ------------------------------------------------------------
     @abc.abstractmethod

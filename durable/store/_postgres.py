@@ -71,7 +71,10 @@ from ._base import (
     CANCELLED_AT_RELEASE,
     DEFAULT_MAX_RECOVERIES,
     SCHEMA_VERSION,
+    Cursor,
     Store,
+    operator_data,
+    run_filters,
 )
 from ._sql import load_migrations, load_queries
 
@@ -356,14 +359,26 @@ class PostgresStore(Store):
         workflow: str | None = None,
         key: str | None = None,
         limit: int = 100,
+        before: Cursor | None = None,
+        created_from: float | None = None,
+        created_to: float | None = None,
+        id_prefix: str | None = None,
     ) -> list[Run]:
-        params = {
-            "state": None if state is None else state.value,
-            "workflow": workflow,
-            "key": key,
-            "limit": limit,
-        }
-        return [Run.from_row(r) for r in await self._rows(Q["list_runs"], params)]
+        where, params = run_filters(
+            Q, state=state, workflow=workflow, key=key, before=before,
+            created_from=created_from, created_to=created_to, id_prefix=id_prefix)
+        params["limit"] = limit
+        query = Q["list_runs"].replace("/*where*/", where)
+        return [Run.from_row(r) for r in await self._rows(query, params)]
+
+    async def count_runs(
+        self, *, workflow: str | None = None, key: str | None = None
+    ) -> dict[RunState, int]:
+        where, params = run_filters(Q, workflow=workflow, key=key)
+        counts = dict.fromkeys(RunState, 0)
+        for row in await self._rows(Q["count_runs"].replace("/*where*/", where), params):
+            counts[RunState(row["state"])] = int(row["n"])
+        return counts
 
     async def latest_run(self, workflow: str, key: str) -> Run | None:
         row = await self._row(Q["latest_run"], {"workflow": workflow, "key": key})
@@ -466,16 +481,24 @@ class PostgresStore(Store):
         return [JournalEntry.from_row(r) for r in rows]
 
     # -- operator actions ---------------------------------------------------------------------
-    async def request_cancel(self, run_id: str) -> Run | None:
-        params = {"run_id": run_id, "now": self._now(), "data": dumps({"by": "operator"})}
+    async def request_cancel(
+        self, run_id: str, by: Mapping[str, JSON] | None = None
+    ) -> Run | None:
+        data = dumps(operator_data({"by": "operator"}, by), "the origin of a cancel")
+        params = {"run_id": run_id, "now": self._now(), "data": data}
         row = await self._row(Q["request_cancel"], params)
         return None if row is None else Run.from_row(row)
 
     async def requeue(
-        self, run_id: str, replay_from: int | None, doubt_policy: str | None
+        self,
+        run_id: str,
+        replay_from: int | None,
+        doubt_policy: str | None,
+        by: Mapping[str, JSON] | None = None,
     ) -> Run | None:
+        data = operator_data({"from_step": replay_from, "in_doubt": doubt_policy}, by)
         params = {"run_id": run_id, "now": self._now(),
-                  "data": dumps({"from_step": replay_from, "in_doubt": doubt_policy})}
+                  "data": dumps(data, "the origin of a replay")}
         row = await self._row(Q["requeue"], params)
         return None if row is None else Run.from_row(row)
 

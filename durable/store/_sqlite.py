@@ -45,8 +45,11 @@ from ._base import (
     CANCELLED_AT_RELEASE,
     DEFAULT_MAX_RECOVERIES,
     SCHEMA_VERSION,
+    Cursor,
     Store,
     ended_entry,
+    operator_data,
+    run_filters,
 )
 from ._sql import load_migrations, load_queries
 from ._thread import DbThread, retry_busy
@@ -310,16 +313,31 @@ class SqliteStore(Store):
         workflow: str | None = None,
         key: str | None = None,
         limit: int = 100,
+        before: Cursor | None = None,
+        created_from: float | None = None,
+        created_to: float | None = None,
+        id_prefix: str | None = None,
     ) -> list[Run]:
-        params = {
-            "state": None if state is None else state.value,
-            "workflow": workflow,
-            "key": key,
-            "limit": limit,
-        }
+        query, params = list_runs_query(
+            state=state, workflow=workflow, key=key, before=before,
+            created_from=created_from, created_to=created_to, id_prefix=id_prefix)
+        params["limit"] = limit
 
         def read(conn: sqlite3.Connection) -> list[Run]:
-            return [Run.from_row(r) for r in conn.execute(Q["list_runs"], params)]
+            return [Run.from_row(r) for r in conn.execute(query, params)]
+
+        return await self._run(read, write=False)
+
+    async def count_runs(
+        self, *, workflow: str | None = None, key: str | None = None
+    ) -> dict[RunState, int]:
+        query, params = count_runs_query(workflow=workflow, key=key)
+
+        def read(conn: sqlite3.Connection) -> dict[RunState, int]:
+            counts = dict.fromkeys(RunState, 0)
+            for row in conn.execute(query, params):
+                counts[RunState(row["state"])] = int(row["n"])
+            return counts
 
         return await self._run(read, write=False)
 
@@ -494,9 +512,13 @@ class SqliteStore(Store):
         return await self._run(read, write=False)
 
     # -- operator actions ---------------------------------------------------------------------
-    async def request_cancel(self, run_id: str) -> Run | None:
+    async def request_cancel(
+        self, run_id: str, by: Mapping[str, JSON] | None = None
+    ) -> Run | None:
         now = self.clock.now()
         params = {"run_id": run_id, "now": now}
+        data = operator_data({"by": "operator"}, by)
+        dumps(data, "the origin of a cancel")  # refused before anything is written
 
         def tx(conn: sqlite3.Connection) -> Run | None:
             row = conn.execute(Q["request_cancel"], params).fetchone()
@@ -508,17 +530,23 @@ class SqliteStore(Store):
             conn.execute(
                 Q["append_unfenced"],
                 _entry_params(Fence(run.id, run.epoch),
-                              JournalWrite(kind, data={"by": "operator"}), now),
+                              JournalWrite(kind, data=data), now),
             )
             return run
 
         return await self._run(tx)
 
     async def requeue(
-        self, run_id: str, replay_from: int | None, doubt_policy: str | None
+        self,
+        run_id: str,
+        replay_from: int | None,
+        doubt_policy: str | None,
+        by: Mapping[str, JSON] | None = None,
     ) -> Run | None:
         now = self.clock.now()
         params = {"run_id": run_id, "now": now}
+        data = operator_data({"from_step": replay_from, "in_doubt": doubt_policy}, by)
+        dumps(data, "the origin of a replay")  # refused before anything is written
 
         def tx(conn: sqlite3.Connection) -> Run | None:
             row = conn.execute(Q["requeue"], params).fetchone()
@@ -529,8 +557,7 @@ class SqliteStore(Store):
                 Q["append_unfenced"],
                 _entry_params(
                     Fence(run.id, run.epoch),
-                    JournalWrite(EntryKind.RUN_REPLAYED,
-                                 data={"from_step": replay_from, "in_doubt": doubt_policy}),
+                    JournalWrite(EntryKind.RUN_REPLAYED, data=data),
                     now,
                 ),
             )
@@ -593,6 +620,18 @@ class SqliteStore(Store):
             return [_record(r) for r in conn.execute(Q["list_records"], {"namespace": namespace})]
 
         return await self._run(read, write=False)
+
+
+def list_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:
+    """The list statement for the filters given (see :func:`run_filters`) and its parameters."""
+    where, params = run_filters(Q, **filters)
+    return Q["list_runs"].replace("/*where*/", where), params
+
+
+def count_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:
+    """The count statement for the filters given and its parameters."""
+    where, params = run_filters(Q, **filters)
+    return Q["count_runs"].replace("/*where*/", where), params
 
 
 class _Fenced(Exception):

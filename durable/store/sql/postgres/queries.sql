@@ -27,17 +27,49 @@ SELECT * FROM run;
 SELECT * FROM durable_runs WHERE id = %(id)s;
 
 -- name: list_runs
+-- The marker line below becomes the fragments runs_where_* of the filters given, joined
+-- by AND (durable/store/_base.py, run_filters): one fixed statement per filter shape. Ids are
+-- compared in code point order (COLLATE "C"), as in SQLite and in the indexes.
 SELECT * FROM durable_runs
-WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
-  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
-  AND (%(key)s::text IS NULL OR concurrency_key = %(key)s::text)
-ORDER BY created_at DESC, id DESC
+/*where*/
+ORDER BY created_at DESC, id COLLATE "C" DESC
 LIMIT %(limit)s;
+
+-- name: count_runs
+SELECT state, count(*) AS n FROM durable_runs
+/*where*/
+GROUP BY state;
+
+-- name: runs_where_state
+state = %(state)s::text
+
+-- name: runs_where_workflow
+workflow = %(workflow)s::text
+
+-- name: runs_where_key
+concurrency_key = %(key)s::text
+
+-- name: runs_where_before
+-- the keyset cursor: strictly after the previous page's last run, in the sort's order
+(created_at, id COLLATE "C") < (%(before_at)s::double precision, %(before_id)s::text)
+
+-- name: runs_where_created_from
+created_at >= %(created_from)s::double precision
+
+-- name: runs_where_created_to
+created_at < %(created_to)s::double precision
+
+-- name: runs_where_id_prefix
+-- a range in code point order (index durable_runs_id_c): no LIKE, no wildcards
+id COLLATE "C" >= %(id_prefix)s::text AND id COLLATE "C" < %(id_prefix_end)s::text
+
+-- name: runs_where_id_prefix_open
+id COLLATE "C" >= %(id_prefix)s::text
 
 -- name: latest_run
 SELECT * FROM durable_runs
 WHERE workflow = %(workflow)s AND concurrency_key = %(key)s
-ORDER BY created_at DESC, id DESC
+ORDER BY created_at DESC, id COLLATE "C" DESC
 LIMIT 1;
 
 -- name: next_run_at

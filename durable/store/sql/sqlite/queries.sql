@@ -13,12 +13,44 @@ RETURNING *;
 SELECT * FROM durable_runs WHERE id = :id;
 
 -- name: list_runs
+-- The marker line below becomes the fragments runs_where_* of the filters given, joined
+-- by AND (durable/store/_base.py, run_filters): one fixed statement per filter shape, never
+-- (:x IS NULL OR col = :x), which SQLite cannot serve from an index.
 SELECT * FROM durable_runs
-WHERE (:state IS NULL OR state = :state)
-  AND (:workflow IS NULL OR workflow = :workflow)
-  AND (:key IS NULL OR concurrency_key = :key)
+/*where*/
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
+
+-- name: count_runs
+SELECT state, count(*) AS n FROM durable_runs
+/*where*/
+GROUP BY state;
+
+-- name: runs_where_state
+state = :state
+
+-- name: runs_where_workflow
+workflow = :workflow
+
+-- name: runs_where_key
+concurrency_key = :key
+
+-- name: runs_where_before
+-- the keyset cursor: strictly after the previous page's last run, in the sort's order
+(created_at, id) < (:before_at, :before_id)
+
+-- name: runs_where_created_from
+created_at >= :created_from
+
+-- name: runs_where_created_to
+created_at < :created_to
+
+-- name: runs_where_id_prefix
+-- a range of the primary key (binary order), so % and _ in the prefix are plain characters
+id >= :id_prefix AND id < :id_prefix_end
+
+-- name: runs_where_id_prefix_open
+id >= :id_prefix
 
 -- name: latest_run
 SELECT * FROM durable_runs
