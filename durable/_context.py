@@ -14,7 +14,7 @@ import anyio
 import anyio.to_thread
 import httpx
 
-from ._errors import LeaseLostError
+from ._errors import ConfigError, LeaseLostError
 from ._logging import redact
 from ._types import JSON, Run
 
@@ -133,6 +133,27 @@ class WorkflowContext:
     async def uuid4(self) -> str:
         """A random UUID, journaled: a replay sees the same value."""
         return str(await self._attempt.steps.value("durable.uuid4", lambda: str(uuid.uuid4())))
+
+    async def items(self, total: int, key_prefix: str = "item-") -> None:
+        """Declare that this run processes ``total`` items, item ``i`` being the step keyed
+        ``f"{key_prefix}{i}"``: progress (done / failed / in flight / total) is then derived
+        from the journal (``show ID --follow``, ``show ID --json``, the console).
+
+        Journaled as a value (``durable.items``): a resumed or replayed attempt keeps the
+        declaration it journaled. Call it once, before the items start; if a run declares
+        items more than once, its progress is that of the latest declaration.
+        """
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ConfigError(f"ctx.items: total must be a whole number >= 0, not {total!r}")
+        if (not isinstance(key_prefix, str) or not key_prefix
+                or f"{key_prefix}0".isdigit()):
+            raise ConfigError("ctx.items: key_prefix must be a non-numeric string (item keys "
+                              f"are key_prefix + number), not {key_prefix!r}")
+        keys = [f"{key_prefix}{i}" for i in sorted({0, total - 1})] if total else []
+        summary = f"{total} item{'' if total == 1 else 's'}" + (
+            ": " + (" … " if total > 2 else ", ").join(keys) if keys else "")
+        await self._attempt.steps.value(
+            "durable.items", lambda: {"total": total, "key_prefix": key_prefix}, summary)
 
     async def set_records(
         self, records: Mapping[tuple[str, str], JSON], *, summary: JSON = None,

@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from ._progress import progress
 from ._report import RecoveryReport, timeline_rows
 from ._types import JournalEntry, Run
 
@@ -28,13 +29,16 @@ def entry_json(entry: JournalEntry) -> dict[str, Any]:
 
 def show_json(run: Run, entries: Sequence[JournalEntry], console_url: str | None = None,
               step: int | None = None) -> dict[str, Any]:
-    """``show ID --json``: the run, its steps (timeline rows), its journal and its recovery
-    report; with ``step``, only that step's rows and entries."""
+    """``show ID --json``: the run, its steps (timeline rows), its journal, its recovery
+    report and its per-item progress (None unless the run declared items with
+    ``ctx.items``); with ``step``, only that step's rows and entries."""
     report = RecoveryReport.build(run, entries, console_url)
+    items = progress(run, entries)
     return {
         "run": run_json(run),
         "steps": [row for row in timeline_rows(run, entries)
                   if step is None or row.get("step") == step],
         "journal": [entry_json(e) for e in entries if step is None or e.step == step],
         "report": report.as_dict(),
+        "progress": None if items is None else items.as_dict(),
     }

@@ -194,13 +194,18 @@ class Steps:
         return entries
 
     # -- journaled values and records ----------------------------------------------------------
-    async def value(self, name: str, produce: Callable[[], JSON]) -> JSON:
+    async def value(self, name: str, produce: Callable[[], JSON],
+                    summary: JSON = None) -> JSON:
+        """A journaled value: produced once, the journaled one handed back on replay."""
         with self.identified(name, None) as view:
             if view.state is StepState.COMPLETED:
                 return view.result
             result = produce()
+            data: dict[str, JSON] = {"result": result}
+            if summary is not None:
+                data["summary"] = summary
             await self.attempt.write([JournalWrite(EntryKind.VALUE, view.number, view.key,
-                                                   name, 1, {"result": result})])
+                                                   name, 1, data)])
             view.state, view.result = StepState.COMPLETED, result
             return result
 

@@ -14,6 +14,7 @@ import anyio
 
 import durable
 from activities import steps
+from durable._progress import states_by_key
 
 from ._outcome import collapse
 
@@ -46,6 +47,7 @@ async def batch(ctx: durable.WorkflowContext, job: str, voice: str, texts: list[
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     await steps.check_config(ctx, ["tts"])
+    await ctx.items(len(texts))  # item i is the step item-<i>: progress for show --follow
     limiter = anyio.CapacityLimiter(concurrency)
     results: dict[int, dict[str, Any]] = {}
     errors: dict[int, str] = {}
@@ -74,25 +76,18 @@ async def batch(ctx: durable.WorkflowContext, job: str, voice: str, texts: list[
             "files": [r["path"] for r in ordered]}
 
 
-def item_states(entries: Sequence[durable.JournalEntry], count: int) -> dict[int, ItemState]:
-    """Each item's state, read from a batch run's journal (for a progress screen)."""
-    states: dict[int, ItemState] = dict.fromkeys(range(count), "pending")
-    kinds: dict[durable.EntryKind, ItemState] = {
-        durable.EntryKind.STEP_STARTED: "running",
-        durable.EntryKind.STEP_RETRYING: "running",
-        durable.EntryKind.STEP_COMPLETED: "done",
-        durable.EntryKind.STEP_FAILED: "error",
-        durable.EntryKind.STEP_IN_DOUBT: "in_doubt",
-    }
-    for entry in entries:
-        if entry.kind is durable.EntryKind.RUN_REPLAYED:
-            for item, state in states.items():
-                if state != "done":
-                    states[item] = "pending"
-            continue
-        key = entry.step_key or ""
-        if key.startswith("item-") and key[5:].isdigit() and entry.kind in kinds:
-            item = int(key[5:])
-            if item in states:
-                states[item] = kinds[entry.kind]
-    return states
+def item_states(entries: Sequence[durable.JournalEntry], count: int,
+                run: durable.Run | None = None) -> dict[int, ItemState]:
+    """Each item's state, read from a batch run's journal (for a progress screen).
+
+    The engine's judgement (what ``show --follow`` and ``show --json`` count as progress),
+    named as this screen names them. An item started by an attempt that is over, with no
+    outcome, is ``in_doubt``; without ``run``, the latest attempt in the journal is taken
+    to be the one running.
+    """
+    states = states_by_key(entries, [f"item-{i}" for i in range(count)], run)
+    return {i: _NAMES[states[f"item-{i}"]] for i in range(count)}
+
+
+_NAMES: dict[str, ItemState] = {"pending": "pending", "in_flight": "running", "done": "done",
+                                "failed": "error", "in_doubt": "in_doubt"}
