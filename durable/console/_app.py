@@ -1,0 +1,477 @@
+"""The operator's console: a Starlette app over a store, read-only unless given a token.
+
+Pages (HTML, server-rendered) and a JSON API over the same data:
+
+* ``/runs`` (filters: state, workflow, key, since, until, q = id prefix; ``before`` cursor),
+  ``/runs/ID`` (``#step-N`` anchors, the target of recovery links), ``/status``;
+* ``/api/runs``, ``/api/runs/ID`` (the shape of ``show ID --json``), ``/api/status``
+  (``?workflow=W&key=K`` or ``?id=ID``: ``unknown`` when nothing is found, never done);
+* actions, each a POST: ``/runs/ID/cancel`` and ``/runs/ID/replay`` (forms: the admin token
+  and the CSRF value), ``/api/runs/ID/cancel`` and ``/api/runs/ID/replay`` (``Authorization:
+  Bearer TOKEN``). Without a configured token the console is read-only and says so. Every
+  action is journaled with where it came from (``origin``).
+
+Security: tokens are compared in constant time and never rendered; forms carry a
+double-submit CSRF value (a random cookie, ``SameSite=Strict``, echoed in the form) and a
+cross-origin ``Origin`` is refused; every response forbids framing and inline scripts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import json
+import math
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .._client import Client
+from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
+from .._logging import get_logger, redact
+from .._progress import progress
+from .._report import RecoveryReport
+from .._shapes import entry_json, run_json, show_json
+from .._types import JSON, Run, RunState
+from . import _render as render
+
+STATIC = Path(__file__).parent / "static"
+CSRF_COOKIE = "durable_csrf"
+PAGE_LIMIT_MAX = 500
+FINAL_HEADER = "X-Durable-Final"
+
+
+class BadRequest(Exception):
+    """A user's mistake in a request: one line, answered with 400."""
+
+
+class Console:
+    """The console's state: the client over the store, the token, the base URL."""
+
+    def __init__(self, client: Client, *, token: str | None = None,
+                 console_url: str | None = None, poll_timeout: float = 5.0,
+                 fail_threshold: int = 2) -> None:
+        if token is not None and not token.strip():
+            raise ConfigError("the console's admin token is empty")
+        self.client = client
+        self.token = token
+        self.console_url = console_url
+        self.poll_timeout_ms = int(poll_timeout * 1000)
+        self.fail_threshold = fail_threshold
+        self.log = get_logger("durable.console")
+
+    @property
+    def read_only(self) -> bool:
+        return self.token is None
+
+    @property
+    def db(self) -> str:
+        return redact(self.client.store.url)
+
+    def chrome(self, request: Request) -> render.Chrome:
+        return render.Chrome(read_only=self.read_only, db=self.db,
+                             csrf=request.cookies.get(CSRF_COOKIE, "") or
+                             request.state.new_csrf,
+                             poll_timeout_ms=self.poll_timeout_ms,
+                             fail_threshold=self.fail_threshold)
+
+    # -- data ----------------------------------------------------------------------------------
+    async def detail(self, run_id: str) -> render.RunDetail | None:
+        run = await self.client.find(run_id)
+        if run is None:
+            return None
+        store = self.client.store
+        entries = await store.journal(run_id)
+        written: dict[tuple[str, str], int] = {}
+        for e in entries:
+            if e.name == "durable.set_records" and e.kind.value == "step_completed":
+                for ns, key in e.data.get("records", []):
+                    written[(ns, key)] = e.epoch
+        records = [(ns, key, await store.get_record(ns, key), epoch)
+                   for (ns, key), epoch in written.items()]
+        return render.RunDetail(run, entries,
+                                RecoveryReport.build(run, entries, self.console_url),
+                                progress(run, entries), records, await store.now())
+
+    async def runs(self, query: render.ListQuery, before: str | None
+                   ) -> tuple[list[Run], dict[str, int], str | None]:
+        cursor = _parse_cursor(before)
+        runs = await self.client.list(
+            state=query.state or None, workflow=query.workflow or None, key=query.key or None,
+            limit=query.limit + 1, before=cursor, created_from=_parse_time(query.since, "since"),
+            created_to=_parse_time(query.until, "until"), id_prefix=query.q or None)
+        counts = await self.client.counts(workflow=query.workflow or None,
+                                          key=query.key or None)
+        more = len(runs) > query.limit
+        runs = runs[:query.limit]
+        next_cursor = f"{runs[-1].created_at!r}:{runs[-1].id}" if more and runs else None
+        return runs, counts, next_cursor
+
+    async def status(self, params: Mapping[str, str]) -> dict[str, JSON]:
+        run_id = params.get("id", "").strip()
+        workflow = params.get("workflow", "").strip()
+        key = params.get("key", "").strip()
+        if run_id:
+            run = await self.client.find(run_id)
+            missing = f"no run with id {run_id!r} in {self.db}"
+        elif workflow and key:
+            run = await self.client.latest(workflow, key)
+            missing = f"no run of {workflow} for key {key!r} in {self.db}"
+        else:
+            raise BadRequest("give workflow and key, or id")
+        if run is None:
+            return {"status": "unknown", "run_id": run_id or None, "workflow": workflow or None,
+                    "key": key or None, "reason": missing, "link": None}
+        return {"status": run.state.value, "run_id": run.id, "workflow": run.workflow,
+                "key": run.key, "updated_at": run.updated_at,
+                "reason": None if run.state is not RunState.FAILED else redact(
+                    render._first_line(run.error)),
+                "link": f"/runs/{run.id}"}
+
+    # -- actions -------------------------------------------------------------------------------
+    def check_token(self, given: str | None) -> None:
+        if self.token is None:
+            raise PermissionError("this console is read-only: no admin token is configured "
+                                  "(set DURABLE_CONSOLE_TOKEN or pass --token-file)")
+        if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise PermissionError("refused: the admin token is missing or wrong")
+
+    async def act(self, action: str, run_id: str, fields: Mapping[str, str],
+                  origin: dict[str, JSON]) -> str:
+        """Do an action (the token is checked); the sentence to show the operator."""
+        if action == "cancel":
+            run = await self.client.cancel(run_id, origin=origin)
+            message = (f"{run_id} cancelled before it started" if run.state.finished
+                       else f"{run_id}: cancel requested; the worker holding it stops it now")
+        else:
+            from_step = _parse_step(fields.get("from_step"))
+            policy = fields.get("in_doubt") or None
+            if policy not in (None, "rerun", "accept"):
+                raise BadRequest("in_doubt must be rerun or accept")
+            run = await self.client.replay(run_id, from_step=from_step, in_doubt=policy,  # type: ignore[arg-type]
+                                           origin=origin)
+            message = f"{run_id} queued again (attempt {run.attempt + 1} will resume it)"
+        self.log.info("console_action", action=action, workflow_id=run_id,
+                      remote=origin.get("remote"))
+        return message
+
+
+def _parse_step(value: str | None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadRequest(f"from_step is a step number, not {value!r}") from None
+    return number
+
+
+def _parse_time(value: str | None, name: str) -> float | None:
+    """Epoch seconds, or an ISO 8601 time (UTC unless it says otherwise)."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+        if not math.isfinite(seconds):
+            raise ValueError
+        return seconds
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace(" UTC", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"{name}={value!r} is not a time: give ISO 8601 "
+                         "(2026-12-01T09:00Z) or epoch seconds") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def _parse_cursor(value: str | None) -> tuple[float, str] | None:
+    if not value:
+        return None
+    created, sep, run_id = value.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return float(created), run_id
+    except ValueError:
+        raise BadRequest(f"before={value!r} is not a cursor from a runs page") from None
+
+
+def _list_query(request: Request) -> render.ListQuery:
+    p = request.query_params
+    state = p.get("state") or None
+    if state is not None and state not in render.STATES:
+        raise BadRequest(f"unknown state {state!r}; one of: {', '.join(render.STATES)}")
+    limit_text = p.get("limit") or "50"
+    try:
+        limit = int(limit_text)
+    except ValueError:
+        raise BadRequest(f"limit={limit_text!r} is not a number") from None
+    if not 1 <= limit <= PAGE_LIMIT_MAX:
+        raise BadRequest(f"limit must be between 1 and {PAGE_LIMIT_MAX}")
+    query = render.ListQuery(state=state, workflow=p.get("workflow") or None,
+                             key=p.get("key") or None, since=p.get("since") or None,
+                             until=p.get("until") or None, q=p.get("q") or None, limit=limit)
+    _parse_time(query.since, "since")
+    _parse_time(query.until, "until")
+    return query
+
+
+def _origin(request: Request) -> dict[str, JSON]:
+    client = request.client
+    return {"via": "console", "remote": client.host if client else None,
+            "user_agent": (request.headers.get("user-agent") or "")[:200]}
+
+
+def _same_origin(request: Request) -> bool:
+    """A browser's cross-site POST carries its page's Origin: refuse one that is not ours."""
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        referer = request.headers.get("referer")
+        if referer is None:
+            return origin is None  # not a browser form post (curl, scripts): token decides
+        origin = referer
+    return urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An urlencoded form, parsed without python-multipart."""
+    body = (await request.body()).decode("utf-8", "replace")
+    return {k: v[-1] for k, v in parse_qs(body, keep_blank_values=True).items()}
+
+
+def create_app(client: Client, *, token: str | None = None, console_url: str | None = None,
+               poll_timeout: float = 5.0, fail_threshold: int = 2) -> Starlette:
+    """The console over ``client``'s store. ``token``: the admin token (None: read-only)."""
+    console = Console(client, token=token, console_url=console_url,
+                      poll_timeout=poll_timeout, fail_threshold=fail_threshold)
+
+    def html(request: Request, body: str, status: int = 200,
+             headers: Mapping[str, str] | None = None) -> HTMLResponse:
+        response = HTMLResponse(body, status, headers=dict(headers or {}))
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(CSRF_COOKIE, request.state.new_csrf, httponly=True,
+                                samesite="strict", path="/")
+        return response
+
+    def problem(request: Request, message: str, status: int) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, status)
+        return html(request, render.refused_page(message, console.chrome(request)), status)
+
+    def guarded(handler: Callable[[Request], Awaitable[Response]]
+                ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            request.state.new_csrf = secrets.token_urlsafe(32)
+            try:
+                return await handler(request)
+            except BadRequest as exc:
+                return problem(request, str(exc), 400)
+            except ConfigError as exc:
+                return problem(request, redact(str(exc)), 400)
+            except PermissionError as exc:
+                return problem(request, str(exc), 403)
+            except RunNotFoundError as exc:
+                return problem(request, redact(str(exc)), 404)
+            except InvalidStateError as exc:
+                return problem(request, redact(str(exc)), 409)
+            except DurableError as exc:
+                console.log.warning("console_error", path=request.url.path, error=str(exc))
+                return problem(request, redact(str(exc)), 503)
+        return endpoint
+
+    # -- pages ---------------------------------------------------------------------------------
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/runs", 302)
+
+    async def runs_page(request: Request) -> Response:
+        query = _list_query(request)
+        before = request.query_params.get("before") or None
+        runs, counts, cursor = await console.runs(query, before)
+        return html(request, render.runs_page(query, runs, counts, cursor,
+                                              console.chrome(request),
+                                              first_page=before is None))
+
+    async def runs_live(request: Request) -> Response:
+        query = _list_query(request)
+        runs, counts, cursor = await console.runs(query, None)
+        return HTMLResponse(render.runs_fragment(query, runs, counts, cursor))
+
+    async def run_page(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        detail = await console.detail(run_id)
+        if detail is None:
+            return html(request, render.not_found_page(run_id, console.chrome(request)), 404)
+        flash = request.query_params.get("done", "")
+        return html(request, render.run_page(detail, console.chrome(request),
+                                             flash=flash[:300]))
+
+    async def run_live(request: Request) -> Response:
+        detail = await console.detail(request.path_params["run_id"])
+        if detail is None:
+            return HTMLResponse("<p>cannot confirm: no such run</p>", 404)
+        headers = {FINAL_HEADER: "1"} if detail.run.state.finished else {}
+        return HTMLResponse(render.run_fragment(detail), headers=headers)
+
+    async def status_page(request: Request) -> Response:
+        p = request.query_params
+        return html(request, render.status_page(p.get("workflow", ""), p.get("key", ""),
+                                                p.get("id", ""), console.chrome(request)))
+
+    async def form_action(request: Request) -> Response:
+        action = request.path_params["action"]
+        run_id = request.path_params["run_id"]
+        if action not in ACTIONS:
+            return problem(request, f"no action {action!r}: cancel or replay", 404)
+        fields = await _form(request)
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        given = fields.get("csrf", "")
+        if not _same_origin(request):
+            raise PermissionError("refused: the request came from another site")
+        if not cookie or not given or not hmac.compare_digest(cookie.encode(), given.encode()):
+            raise PermissionError("refused: the form's CSRF value is missing or stale; "
+                                  "reload the page and try again")
+        console.check_token(fields.get("token"))
+        message = await console.act(action, run_id, fields, _origin(request))
+        return RedirectResponse(f"/runs/{run_id}?{urlencode({'done': message})}", 303)
+
+    # -- the JSON API --------------------------------------------------------------------------
+    async def api_runs(request: Request) -> Response:
+        query = _list_query(request)
+        runs, counts, cursor = await console.runs(query, request.query_params.get("before"))
+        return JSONResponse(_safe({"runs": [run_json(r) for r in runs], "next": cursor,
+                                   "counts": counts}))
+
+    async def api_run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        detail = await console.detail(run_id)
+        if detail is None:
+            return JSONResponse({"status": "unknown",
+                                 "error": f"no run with id {run_id!r} in {console.db}"}, 404)
+        data = show_json(detail.run, detail.entries, console.console_url)
+        data["progress"] = None if detail.progress is None else detail.progress.as_dict()
+        data["records"] = [{"namespace": ns, "key": key, "epoch": epoch,
+                            "value": None if rec is None else rec.value,
+                            "exists": rec is not None,
+                            "version": None if rec is None else rec.version}
+                           for ns, key, rec, epoch in detail.records]
+        return JSONResponse(_safe(data))
+
+    async def api_journal(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        after_text = request.query_params.get("after", "0")
+        try:
+            after = int(after_text)
+        except ValueError:
+            raise BadRequest(f"after={after_text!r} is not a journal sequence number") from None
+        entries = await console.client.journal(run_id)
+        return JSONResponse(_safe({"journal": [entry_json(e) for e in entries
+                                               if e.seq > after]}))
+
+    async def api_status(request: Request) -> Response:
+        return JSONResponse(_safe(await console.status(request.query_params)))
+
+    async def api_action(request: Request) -> Response:
+        action = request.path_params["action"]
+        if action not in ACTIONS:
+            return problem(request, f"no action {action!r}: cancel or replay", 404)
+        auth = request.headers.get("authorization", "")
+        scheme, _, given = auth.partition(" ")
+        console.check_token(given.strip() if scheme.lower() == "bearer" else None)
+        fields: dict[str, str] = {}
+        body = await request.body()
+        if body:
+            try:
+                data = json.loads(body)
+            except ValueError:
+                raise BadRequest("the request body is not JSON") from None
+            if not isinstance(data, dict):
+                raise BadRequest("the request body must be a JSON object")
+            fields = {k: "" if v is None else str(v) for k, v in data.items()}
+        message = await console.act(action, request.path_params["run_id"], fields,
+                                    _origin(request))
+        run = await console.client.get(request.path_params["run_id"])
+        return JSONResponse(_safe({"message": message, "run": run_json(run)}))
+
+    async def healthz(request: Request) -> Response:
+        await console.client.store.now()
+        return JSONResponse({"ok": True})
+
+    routes = [
+        Route("/", guarded(home)),
+        Route("/runs", guarded(runs_page)),
+        Route("/runs/live", guarded(runs_live)),
+        Route("/runs/{run_id:path}/live", guarded(run_live)),
+        Route("/runs/{run_id:path}/{action:str}", guarded(form_action), methods=["POST"]),
+        Route("/runs/{run_id:path}", guarded(run_page)),
+        Route("/status", guarded(status_page)),
+        Route("/api/runs", guarded(api_runs)),
+        Route("/api/status", guarded(api_status)),
+        Route("/api/runs/{run_id:path}/journal", guarded(api_journal)),
+        Route("/api/runs/{run_id:path}/{action:str}", guarded(api_action), methods=["POST"]),
+        Route("/api/runs/{run_id:path}", guarded(api_run)),
+        Route("/healthz", guarded(healthz)),
+        Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.state.console = console
+    return _Headers(app)  # type: ignore[return-value]
+
+
+def _safe(data: Any) -> Any:
+    """JSON with every string redacted (no credential leaves through the API)."""
+    if isinstance(data, str):
+        return redact(data)
+    if isinstance(data, list | tuple):
+        return [_safe(v) for v in data]
+    if isinstance(data, dict):
+        return {k: _safe(v) for k, v in data.items()}
+    return data
+
+
+_SECURITY_HEADERS = [
+    (b"content-security-policy",
+     b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+     b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+]
+
+
+class _Headers:
+    """Adds the security headers to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.state = getattr(app, "state", None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in message.get("headers", [])}
+                message["headers"] = list(message.get("headers", [])) + [
+                    (k, v) for k, v in _SECURITY_HEADERS if k not in names]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+ACTIONS = ("cancel", "replay")

@@ -1,0 +1,76 @@
+"""``python -m durable console``: serve the console over a database until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import anyio
+
+from .._client import Client
+from .._errors import ConfigError
+from ._serve import DEFAULT_BIND
+
+TOKEN_ENV = "DURABLE_CONSOLE_TOKEN"
+
+
+def read_token(token_file: str | None) -> str | None:
+    """The admin token: ``--token-file`` (first line), else ``$DURABLE_CONSOLE_TOKEN``, else
+    None (read-only). Never taken from the command line, where ``ps`` would show it."""
+    if token_file:
+        path = Path(token_file)
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --token-file {token_file}: "
+                              f"{exc.strerror or exc}") from exc
+        if not token:
+            raise ConfigError(f"--token-file {token_file} is empty")
+        return token
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    return token or None
+
+
+def add_options(parser: argparse.ArgumentParser, *, worker: bool) -> None:
+    if worker:
+        parser.add_argument(
+            "--console", metavar="HOST:PORT",
+            help="also serve the operator console here (127.0.0.1:8080 for this machine "
+                 "only); --console-url then defaults to it (default: no console)")
+    else:
+        parser.add_argument("--bind", metavar="HOST:PORT", default=DEFAULT_BIND,
+                            help="where to serve (0.0.0.0:PORT serves every interface: put "
+                                 "it behind TLS)")
+    parser.add_argument(
+        "--token-file", metavar="FILE",
+        help="file holding the admin token that cancel and replay need (default: "
+             f"${TOKEN_ENV}; without either the console is read-only)")
+
+
+async def serve_client(client: Client, bind: str, token: str | None) -> None:
+    """Serve the console over ``client`` until cancelled, announcing its URL on stderr."""
+    from . import bind_socket, create_app, parse_bind, serve, url_of
+
+    host, port = parse_bind(bind)
+    sock = bind_socket(host, port)
+    with sock:
+        url = url_of(sock)
+        app = create_app(client, token=token, console_url=client.console_url or url)
+        async with anyio.create_task_group() as tg:
+            await tg.start(serve, app, sock)
+            mode = "read-only" if token is None else "cancel and replay need the admin token"
+            print(f"durable: console at {url}/runs ({mode})", file=sys.stderr, flush=True)
+            await anyio.sleep_forever()
+
+
+def check_installed() -> None:
+    try:
+        import hypercorn  # noqa: F401
+        import starlette  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"the console needs the console extra ({exc.name} is not installed): "
+            "pip install 'durable-fenced[console]' (from a checkout: pip install -e "
+            "'.[console]')") from exc

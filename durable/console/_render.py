@@ -1,0 +1,509 @@
+"""The console's pages, rendered on the server from the journal (no template engine).
+
+Every text that comes from a run (arguments, results, summaries, errors, records) is
+redacted of credentials and HTML-escaped here, in one place (:func:`text`). Pages hold no
+inline script or style (the Content-Security-Policy forbids them): behaviour comes from
+``/static/console.js`` through ``data-*`` attributes (see that file's header).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+import attrs
+
+from .._history import History, StepView, tries
+from .._logging import redact
+from .._progress import Progress
+from .._report import RecoveryReport, _current_epoch, duration, utc
+from .._types import JSON, EntryKind, JournalEntry, Record, Run, RunState
+
+STATES = [s.value for s in RunState]
+
+
+def text(value: Any) -> str:
+    """Escaped, redacted text of any value (JSON for non-strings)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        value = json.dumps(value, separators=(", ", ": "), ensure_ascii=False, default=str)
+    return html.escape(redact(value), quote=True)
+
+
+def attr(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def when(ts: float | None) -> str:
+    """A UTC time, with a relative "ago" the ticker keeps current."""
+    if ts is None:
+        return "-"
+    iso = utc(ts).replace(" UTC", "Z").replace(" ", "T")
+    return (f'<time datetime="{attr(iso)}">{attr(utc(ts))}</time> '
+            f'<span class="ago" data-ago="{ts:.3f}"></span>')
+
+
+def countdown(ts: float) -> str:
+    return f'<span class="countdown" data-countdown="{ts:.3f}"></span>'
+
+
+def badge(state: str) -> str:
+    label = {"in_doubt": "in doubt", "started": "in flight"}.get(state, state)
+    return f'<span class="badge state-{attr(state)}">{attr(label)}</span>'
+
+
+@attrs.frozen
+class Chrome:
+    """What every page shows around its content."""
+
+    read_only: bool
+    db: str
+    csrf: str = ""
+    poll_timeout_ms: int = 5000
+    fail_threshold: int = 2
+
+
+def page(title: str, body: str, chrome: Chrome, *, flash: str = "") -> str:
+    mode = ('<span class="mode read-only" title="start the console with '
+            'DURABLE_CONSOLE_TOKEN (or --token-file) to enable cancel and replay">'
+            'read-only</span>' if chrome.read_only
+            else '<span class="mode admin">actions enabled (admin token required)</span>')
+    notice = f'<div class="flash">{text(flash)}</div>' if flash else ""
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{text(title)} · durable</title>
+<link rel="stylesheet" href="/static/console.css">
+</head>
+<body data-poll-timeout="{chrome.poll_timeout_ms}" data-fail-threshold="{chrome.fail_threshold}">
+<header class="top">
+<a class="brand" href="/runs">durable</a>
+<nav><a href="/runs">runs</a> <a href="/status">status by key</a></nav>
+<span class="db" title="database">{text(chrome.db)}</span>
+{mode}
+<span id="freshness"></span>
+</header>
+<div id="banner" role="alert" hidden></div>
+{notice}
+<main>
+{body}
+</main>
+<script src="/static/console.js"></script>
+</body>
+</html>
+"""
+
+
+# -- the runs list ------------------------------------------------------------------------------
+@attrs.frozen
+class ListQuery:
+    state: str | None = None
+    workflow: str | None = None
+    key: str | None = None
+    since: str | None = None
+    until: str | None = None
+    q: str | None = None
+    limit: int = 50
+
+    def params(self, **extra: Any) -> str:
+        values = {k: v for k, v in attrs.asdict(self).items()
+                  if v not in (None, "") and not (k == "limit" and v == 50)}
+        values.update({k: v for k, v in extra.items() if v is not None})
+        return urlencode(values)
+
+
+def runs_page(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int],
+              next_cursor: str | None, chrome: Chrome, *, first_page: bool) -> str:
+    body = f"""<h1>Runs</h1>
+{filters_form(query)}
+<section class="live" data-poll="/runs/live?{attr(query.params(
+        before=None))}" data-poll-interval="2000" data-poll-name="runs"{
+        "" if first_page else ' data-poll-paused="1"'}>
+{runs_fragment(query, runs, counts, next_cursor)}
+</section>"""
+    return page("Runs", body, chrome)
+
+
+def filters_form(query: ListQuery) -> str:
+    options = "".join(
+        f'<option value="{s}"{" selected" if query.state == s else ""}>{s}</option>'
+        for s in STATES)
+    return f"""<form class="filters" method="get" action="/runs">
+<label>state <select name="state"><option value="">any</option>{options}</select></label>
+<label>workflow <input name="workflow" value="{attr(query.workflow or "")}"></label>
+<label>key <input name="key" value="{attr(query.key or "")}"></label>
+<label>created from <input name="since" placeholder="2026-12-01T09:00Z"
+ value="{attr(query.since or "")}"></label>
+<label>to <input name="until" value="{attr(query.until or "")}"></label>
+<label>id prefix <input name="q" value="{attr(query.q or "")}"></label>
+<button type="submit">filter</button> <a href="/runs">clear</a>
+</form>"""
+
+
+def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int],
+                  next_cursor: str | None) -> str:
+    total = sum(counts.values())
+    every_state = attrs.evolve(query, state=None).params()
+    chips = [f'<a class="count" href="/runs?{attr(every_state)}">all <b>{total}</b></a>']
+    for state in STATES:
+        href = attrs.evolve(query, state=state).params()
+        chips.append(f'<a class="count state-{state}" href="/runs?{attr(href)}">'
+                     f"{state} <b>{counts.get(state, 0)}</b></a>")
+    rows = []
+    for run in runs:
+        rows.append(
+            f'<tr class="run state-{run.state.value}" data-run-id="{attr(run.id)}">'
+            f'<td><a href="/runs/{attr(run.id)}">{text(run.id)}</a></td>'
+            f"<td>{text(run.workflow)}</td><td>{text(run.key or '-')}</td>"
+            f"<td>{badge(run.state.value)}{_delayed(run)}</td><td>{run.attempt}</td>"
+            f"<td>{when(run.created_at)}</td><td>{when(run.updated_at)}</td>"
+            f'<td class="error">{text(_first_line(run.error))}</td></tr>')
+    table = ("<table class=\"runs\"><thead><tr><th>id</th><th>workflow</th><th>key</th>"
+             "<th>state</th><th>attempt</th><th>created</th><th>updated</th><th>error</th>"
+             "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+             if rows else '<p class="empty">No runs match.</p>')
+    more = (f'<p class="pager"><a rel="next" href="/runs?{attr(query.params(before=next_cursor))}">'
+            "older runs →</a></p>" if next_cursor else "")
+    return f'<p class="counts">{"".join(chips)}</p>{table}{more}'
+
+
+def _delayed(run: Run) -> str:
+    if run.state is RunState.QUEUED and run.attempt == 0:
+        return f' <span class="delayed">starts {countdown(run.run_at)}</span>'
+    return ""
+
+
+def _first_line(value: str | None) -> str:
+    if not value:
+        return ""
+    line = value.strip().splitlines()[0] if value.strip() else ""
+    return line if len(line) <= 140 else line[:139] + "…"
+
+
+# -- a run --------------------------------------------------------------------------------------
+@attrs.frozen
+class RunDetail:
+    run: Run
+    entries: Sequence[JournalEntry]
+    report: RecoveryReport
+    progress: Progress | None
+    records: Sequence[tuple[str, str, Record | None, int]]
+    """(namespace, key, the record now or None, the epoch of the attempt that wrote it)."""
+    now: float
+
+
+def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
+    run = detail.run
+    final = ' data-poll-paused="1"' if run.state.finished else ""
+    body = f"""<p class="crumbs"><a href="/runs">runs</a> / {text(run.id)}</p>
+<h1>{text(run.workflow)} <small>{text(run.id)}</small></h1>
+<section class="live" data-poll="/runs/{attr(run.id)}/live" data-poll-interval="1000"
+ data-poll-name="run"{final}>
+{run_fragment(detail)}
+</section>
+{actions(detail, chrome)}"""
+    return page(f"{run.workflow} {run.id}", body, chrome, flash=flash)
+
+
+def run_fragment(detail: RunDetail) -> str:
+    return (header(detail) + progress_bar(detail.progress) + report_block(detail)
+            + steps_block(detail) + attempts_block(detail) + records_block(detail)
+            + journal_block(detail))
+
+
+def header(d: RunDetail) -> str:
+    run = d.run
+    started = next((e.at for e in d.entries if e.kind is EntryKind.RUN_CLAIMED), None)
+    ended = run.updated_at if run.state.finished else None
+    lease = "-"
+    if run.state is RunState.RUNNING and run.lease_expires_at is not None:
+        lease = f"{when(run.lease_expires_at)} ({countdown(run.lease_expires_at)})"
+    delayed = ""
+    if run.state is RunState.QUEUED and run.run_at > d.now:
+        delayed = (f'<p class="delayed-start">Starts {countdown(run.run_at)} '
+                   f"(at {when(run.run_at)}); it can be cancelled until then.</p>")
+    cancel = (' <span class="badge cancel-requested">cancel requested</span>'
+              if run.cancel_requested and not run.state.finished else "")
+    rows = [
+        ("state", badge(run.state.value) + cancel),
+        ("workflow", text(run.workflow)),
+        ("key", text(run.key or "-")),
+        ("arguments", f"<code>{text(run.args)}</code>"),
+        ("attempt", str(run.attempt)),
+        ("epoch (fencing token)", f"{run.epoch} <small>scope {text(run.fencing_scope)}</small>"),
+        ("worker", text(run.worker or "-")),
+        ("lease expires", lease),
+        ("created", when(run.created_at)),
+        ("started", when(started)),
+        ("ended", when(ended)),
+    ]
+    if run.recoveries:
+        rows.append(("recoveries", str(run.recoveries)))
+    if run.timeout is not None:
+        rows.append(("deadline per attempt", duration(run.timeout)))
+    if run.state is RunState.COMPLETED:
+        rows.append(("result", f"<code>{text(run.result)}</code>"))
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    error = (f'<pre class="run-error">{text(run.error)}</pre>' if run.error else "")
+    return (f'<section class="header"><dl class="fields" data-state="{run.state.value}">{dl}'
+            f"</dl>{delayed}{error}</section>")
+
+
+def progress_bar(p: Progress | None) -> str:
+    if p is None:
+        return ""
+    total = max(p.total, 1)
+    parts = [("done", p.done), ("failed", p.failed), ("in_flight", p.in_flight)]
+    doubt = getattr(p, "in_doubt", 0)
+    if doubt:
+        parts.append(("in_doubt", doubt))
+    # an SVG bar: its geometry is attributes, not inline styles (the CSP forbids those)
+    bars, x = [], 0.0
+    for name, count in parts:
+        if count:
+            width = 100 * count / total
+            bars.append(f'<rect class="{name}" x="{x:.2f}" y="0" width="{width:.2f}" '
+                        'height="6"></rect>')
+            x += width
+    svg = ('<svg class="progressbar" viewBox="0 0 100 6" preserveAspectRatio="none" '
+           f'role="img" aria-label="{p.done} of {p.total} items done">'
+           '<rect class="track" x="0" y="0" width="100" height="6"></rect>'
+           + "".join(bars) + "</svg>")
+    labels = " · ".join(f"{count} {name.replace('_', ' ')}" for name, count in parts)
+    return (f'<section class="progress"><h2>Items</h2>'
+            f"{svg}"
+            f'<p class="progress-text"><b>{p.done} of {p.total} done</b> · {labels} · '
+            f"{p.pending} pending</p></section>")
+
+
+def report_block(d: RunDetail) -> str:
+    r = d.report
+    if d.run.state is RunState.COMPLETED and not r.in_doubt:
+        return ""
+    items = []
+    for s in r.failed:
+        items.append(f'<li>Failed: <a href="#step-{s.number}">step {s.number}</a> '
+                     f"{text(s.activity)} after {tries(s.tries)}: {text(_first_line(s.error))}"
+                     "</li>")
+    if r.completed:
+        done = ", ".join(f'<a href="#step-{s.number}">step {s.number}</a> {text(s.activity)}'
+                         + (" (accepted by operator)" if s.accepted else "")
+                         for s in r.completed)
+        items.append(f"<li>Already done (will not be repeated): {done}</li>")
+    else:
+        items.append("<li>Already done: nothing.</li>")
+    for s in r.in_doubt:
+        items.append(f'<li class="doubt">In doubt: <a href="#step-{s.number}">step {s.number}'
+                     f"</a> {text(s.activity)}: started, outcome unknown. Check the service "
+                     "before replaying; then re-run it or accept it.</li>")
+    return (f'<section class="report"><h2>Recovery report</h2><ul>{"".join(items)}</ul>'
+            f'<details><summary>as text</summary><pre>{text(r.text())}</pre></details>'
+            "</section>")
+
+
+def steps_block(d: RunDetail) -> str:
+    history = History.fold(d.entries)
+    current = _current_epoch(d.run)
+    by_step: dict[int, list[JournalEntry]] = {}
+    for e in d.entries:
+        if e.step is not None:
+            by_step.setdefault(e.step, []).append(e)
+    items = [step_item(step, by_step.get(step.number, []), current, d.run)
+             for step in history.ordered()]
+    if not items:
+        return ('<section class="steps"><h2>Steps</h2><p class="empty">No steps yet.</p>'
+                "</section>")
+    return (f'<section class="steps"><h2>Steps</h2><ol class="timeline">{"".join(items)}</ol>'
+            "</section>")
+
+
+def _step_state(step: StepView, current: int) -> str:
+    if step.in_doubt(current):
+        return "in_doubt"
+    if step.state is None:
+        return "to_run"
+    return step.state.value
+
+
+def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run: Run) -> str:
+    state = _step_state(step, current)
+    took = ""
+    if step.started_at is not None and step.ended_at is not None and state != "in_doubt":
+        took = f" · took {duration(float(step.ended_at) - float(step.started_at))}"
+    accepted = " · accepted by operator" if step.accepted else ""
+    lines = [f'<li class="step state-{state}" id="step-{step.number}">'
+             f'<a class="anchor" href="#step-{step.number}">#{step.number}</a> '
+             f'<b class="activity">{text(step.name)}</b> {badge(state)} '
+             f'<small>key {text(step.key)} · {tries(step.tries)}{took}{accepted}</small>']
+    if step.summary is not None:
+        lines.append(f'<div class="summary">{text(step.summary)}</div>')
+    if step.error and state != "completed":
+        lines.append(f'<pre class="error">{text(step.error)}</pre>')
+    if state == "in_doubt":
+        lines.append(
+            '<div class="doubt-help"><b>In doubt</b>: this step started under epoch '
+            f"{step.epoch} and its attempt ended with no outcome recorded, so the request may "
+            "or may not have taken effect. Check the target service for the request with "
+            f"idempotency key <code>{text(run.id)}/{text(step.key)}</code> (fencing token "
+            f"{step.epoch}, scope <code>{text(run.fencing_scope)}</code>), then replay with "
+            "<i>re-run</i> (if it did not happen) or <i>accept</i> (if it did).</div>")
+    tries_rows = []
+    for e in entries:
+        detail = e.data.get("error") or e.data.get("reason") or e.data.get("summary") or ""
+        tries_rows.append(f"<tr><td>{e.try_number or ''}</td><td>{e.kind.value}</td>"
+                          f"<td>{e.epoch}</td><td>{when(e.at)}</td><td>{text(detail)}</td></tr>")
+    if tries_rows:
+        lines.append('<details class="tries"><summary>tries and entries</summary><table>'
+                     "<tr><th>try</th><th>entry</th><th>epoch</th><th>at</th><th></th></tr>"
+                     + "".join(tries_rows) + "</table></details>")
+    lines.append("</li>")
+    return "".join(lines)
+
+
+def attempts_block(d: RunDetail) -> str:
+    rows = []
+    for e in d.entries:
+        if e.kind in (EntryKind.RUN_CLAIMED, EntryKind.RUN_INTERRUPTED, EntryKind.RUN_RECOVERED,
+                      EntryKind.RUN_REPLAYED, EntryKind.RUN_CANCEL_REQUESTED,
+                      EntryKind.RUN_CANCELLED, EntryKind.RUN_FAILED, EntryKind.RUN_COMPLETED):
+            what = _event_text(e)
+            rows.append(f"<tr><td>{when(e.at)}</td><td>{e.kind.value}</td><td>{e.epoch}</td>"
+                        f"<td>{what}</td></tr>")
+    if not rows:
+        return ""
+    return ('<section class="attempts"><h2>Attempts and operator actions</h2><table>'
+            "<tr><th>at</th><th>event</th><th>epoch</th><th>detail</th></tr>"
+            + "".join(rows) + "</table></section>")
+
+
+def _event_text(e: JournalEntry) -> str:
+    data = dict(e.data)
+    parts = []
+    if e.kind is EntryKind.RUN_CLAIMED:
+        parts.append(f"attempt {e.attempt} by worker {text(data.get('worker'))}")
+    origin = data.pop("origin", None)
+    for k, v in data.items():
+        if e.kind is EntryKind.RUN_CLAIMED and k == "worker":
+            continue
+        parts.append(f"{text(k)}: {text(v)}")
+    if isinstance(origin, Mapping):
+        parts.append("from " + ", ".join(f"{text(k)} {text(v)}" for k, v in origin.items()))
+    return "; ".join(parts)
+
+
+def records_block(d: RunDetail) -> str:
+    if not d.records:
+        return ""
+    rows = []
+    for ns, key, record, epoch in d.records:
+        if record is None:
+            now = '<span class="badge state-unknown">absent now</span>'
+            value = ""
+        else:
+            mine = record.epoch == epoch
+            now = ("written by this run" if mine else
+                   f"since rewritten (epoch {record.epoch}, version {record.version})")
+            value = f"<code>{text(record.value)}</code>"
+        rows.append(f"<tr><td>{text(ns)}</td><td>{text(key)}</td><td>{epoch}</td>"
+                    f"<td>{value}</td><td>{now}</td></tr>")
+    return ('<section class="records"><h2>Records this run wrote</h2><table>'
+            "<tr><th>namespace</th><th>key</th><th>written under epoch</th><th>value now</th>"
+            "<th></th></tr>" + "".join(rows) + "</table></section>")
+
+
+def journal_block(d: RunDetail) -> str:
+    rows = "".join(
+        f"<tr><td>{e.seq}</td><td>{when(e.at)}</td><td>{e.kind.value}</td><td>{e.epoch}</td>"
+        f"<td>{'' if e.step is None else e.step}</td><td>{text(e.name)}</td>"
+        f"<td>{'' if e.try_number is None else e.try_number}</td>"
+        f"<td><code>{text(dict(e.data)) if e.data else ''}</code></td></tr>"
+        for e in d.entries)
+    return (f'<details class="journal"><summary>Journal ({len(d.entries)} entries)</summary>'
+            "<table><tr><th>seq</th><th>at</th><th>kind</th><th>epoch</th><th>step</th>"
+            f"<th>name</th><th>try</th><th>data</th></tr>{rows}</table></details>")
+
+
+def actions(d: RunDetail, chrome: Chrome) -> str:
+    run = d.run
+    if chrome.read_only:
+        return ('<section class="actions read-only"><h2>Actions</h2><p>This console is '
+                "<b>read-only</b>: no admin token is configured. Start it with "
+                "<code>DURABLE_CONSOLE_TOKEN</code> set (or <code>--token-file</code>) to "
+                "cancel and replay runs here, or use <code>python -m durable cancel</code> / "
+                "<code>replay</code>.</p></section>")
+    token = ('<label>admin token <input type="password" name="token" autocomplete="off" '
+             'required></label>')
+    csrf = f'<input type="hidden" name="csrf" value="{attr(chrome.csrf)}">'
+    forms = []
+    if not run.state.finished:
+        forms.append(f'<form class="action cancel" method="post" '
+                     f'action="/runs/{attr(run.id)}/cancel">{csrf}{token}'
+                     '<button type="submit" class="danger">cancel run</button></form>')
+    if run.state in (RunState.FAILED, RunState.CANCELLED):
+        history = History.fold(d.entries)
+        steps = "".join(f'<option value="{s.number}">step {s.number} {text(s.name)}</option>'
+                        for s in history.ordered())
+        doubt = bool(history.in_doubt(_current_epoch(run)))
+        choice = ('<fieldset><legend>steps in doubt</legend>'
+                  '<label><input type="radio" name="in_doubt" value="" checked> decide by the '
+                  "activity's on_doubt</label> "
+                  '<label><input type="radio" name="in_doubt" value="rerun"> re-run them</label> '
+                  '<label><input type="radio" name="in_doubt" value="accept"> accept them as '
+                  "done</label></fieldset>" if doubt else "")
+        forms.append(f'<form class="action replay" method="post" '
+                     f'action="/runs/{attr(run.id)}/replay">{csrf}'
+                     '<label>from <select name="from_step"><option value="">the first step '
+                     f"without a result</option>{steps}</select></label>{choice}{token}"
+                     '<button type="submit">replay run</button></form>')
+    if not forms:
+        return ""
+    return f'<section class="actions"><h2>Actions</h2>{"".join(forms)}</section>'
+
+
+def not_found_page(run_id: str, chrome: Chrome) -> str:
+    status_url = "/api/status?" + urlencode({"id": run_id})
+    body = f"""<p class="crumbs"><a href="/runs">runs</a> / {text(run_id)}</p>
+<h1>Run {text(run_id)}</h1>
+<p class="unknown-run">Status: <span class="status" data-status="{attr(status_url)}"
+ data-poll-interval="2000" data-state="unknown">cannot confirm</span></p>
+<p>No run with id <code>{text(run_id)}</code> is in this console's database
+(<code>{text(chrome.db)}</code>). This does <b>not</b> mean the work is done: the id may be
+mistyped, the run may live in another database, or it may not have been started yet. This
+page keeps looking.</p>"""
+    return page(f"run {run_id}", body, chrome)
+
+
+def status_page(workflow: str, key: str, run_id: str, chrome: Chrome) -> str:
+    form = f"""<form class="filters" method="get" action="/status">
+<label>workflow <input name="workflow" value="{attr(workflow)}"></label>
+<label>key <input name="key" value="{attr(key)}"></label>
+<label>or run id <input name="id" value="{attr(run_id)}"></label>
+<button type="submit">look up</button></form>"""
+    widget = ""
+    params = {"id": run_id} if run_id else {"workflow": workflow, "key": key}
+    if run_id or (workflow and key):
+        widget = (f'<p class="status-line">Status: <span class="status" '
+                  f'data-status="/api/status?{attr(urlencode(params))}" '
+                  'data-poll-interval="2000" data-state="unknown">cannot confirm</span></p>'
+                  '<p class="hint">Answered from a direct query of the newest run for this '
+                  "key. An id or key that cannot be found is <i>unknown</i>, shown as "
+                  "“cannot confirm” — never as done.</p>")
+    return page("Status", f"<h1>Status by key</h1>{form}{widget}", chrome)
+
+
+def refused_page(message: str, chrome: Chrome) -> str:
+    return page("Refused", f'<h1>Refused</h1><p class="refused">{text(message)}</p>'
+                '<p><a href="/runs">back to the runs</a></p>', chrome)
+
+
+def items_list(values: Iterable[str]) -> str:
+    return "".join(f"<li>{text(v)}</li>" for v in values)
+
+
+JSONDict = dict[str, JSON]

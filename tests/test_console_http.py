@@ -1,0 +1,314 @@
+"""The console over real HTTP: a Hypercorn server on a loopback socket, in the test's own
+event loop (asyncio and trio), the real SQLite store and an in-process worker.
+
+The browser tests (tests/test_console_browser.py) drive the same pages in chromium; these
+check what the server answers: pages, the JSON API's shapes, filters and cursors, the
+token and CSRF guards on every action, and that no secret ever leaves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import httpx
+import pytest
+
+import durable
+from durable._shapes import run_json, show_json
+from durable.console import bind_socket, create_app, serve
+
+from .helpers import poll, running_worker
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "console-admin-token-5f1d2c"
+SECRET = "sk-live-7b3e9a1c44d0"
+
+
+def flows(registry: durable.Registry, gate: anyio.Event) -> None:
+    @durable.activity("t.echo", registry=registry)
+    async def echo(ctx: durable.ActivityContext, value: str) -> str:
+        ctx.annotate(f"echoed {value}")
+        return value
+
+    @durable.activity("t.leaky", retry=durable.RetryPolicy(max_tries=1), registry=registry)
+    async def leaky(ctx: durable.ActivityContext) -> None:
+        raise RuntimeError(f"upstream said 401 to Authorization: Bearer {SECRET}")
+
+    @durable.activity("t.noisy", registry=registry)
+    async def noisy(ctx: durable.ActivityContext) -> str:
+        # a careless summary: whether or not the journal keeps it, no page may show it
+        ctx.annotate(f"authenticated with Authorization: Bearer {SECRET}")
+        return "ok"
+
+    @durable.activity("t.wait", registry=registry)
+    async def wait(ctx: durable.ActivityContext) -> str:
+        await gate.wait()
+        return "opened"
+
+    @durable.workflow("t.ok", registry=registry)
+    async def ok(ctx: durable.WorkflowContext, name: str) -> str:
+        await ctx.step(echo, name)
+        await ctx.set_records({("slots", name): {"state": "vacant"}}, summary="vacated")
+        return await ctx.step(echo, f"bye {name}")
+
+    @durable.workflow("t.fail", registry=registry)
+    async def fail(ctx: durable.WorkflowContext) -> None:
+        await ctx.step(echo, "first")
+        await ctx.step(noisy)
+        await ctx.step(leaky)
+
+    @durable.workflow("t.gated", registry=registry)
+    async def gated(ctx: durable.WorkflowContext) -> str:
+        await ctx.step(echo, "before")
+        return str(await ctx.step(wait))
+
+
+@asynccontextmanager
+async def console(client: durable.Client, token: str | None = None
+                  ) -> AsyncIterator[httpx.AsyncClient]:
+    sock = bind_socket("127.0.0.1", 0)
+    with sock:
+        app = create_app(client, token=token)
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve, app, sock)
+            async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+                await poll(lambda: _up(http), timeout=10)
+                yield http
+            tg.cancel_scope.cancel()
+
+
+async def _up(http: httpx.AsyncClient) -> bool:
+    try:
+        return (await http.get("/healthz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture
+def gate() -> anyio.Event:
+    return anyio.Event()
+
+
+@pytest.fixture
+def flow_registry(registry: durable.Registry, gate: anyio.Event) -> durable.Registry:
+    flows(registry, gate)
+    return registry
+
+
+async def finished(client: durable.Client, run_id: str) -> durable.Run:
+    return await client.wait(run_id, timeout=20)
+
+
+async def test_run_page_and_api_show_the_journal(client: durable.Client,
+                                                 flow_registry: durable.Registry) -> None:
+    async with running_worker(client, flow_registry):
+        await client.start("t.ok", "slot-1", id="ok-1", key="slot-1")
+        await client.start("t.fail", id="fail-1")
+        await finished(client, "ok-1")
+        await finished(client, "fail-1")
+    async with console(client) as http:
+        page = await http.get("/runs/ok-1")
+        assert page.status_code == 200
+        body = page.text
+        for n in (1, 2, 3):
+            assert f'id="step-{n}"' in body
+        assert "t.echo" in body and "echoed slot-1" in body
+        assert "Records this run wrote" in body and "vacant" in body
+        assert "completed" in body
+        api = (await http.get("/api/runs/ok-1")).json()
+        run = await client.get("ok-1")
+        expected = show_json(run, await client.journal("ok-1"))
+        assert api["run"] == run_json(run)
+        assert api["journal"] == expected["journal"]
+        assert api["steps"] == expected["steps"]
+        assert api["records"][0]["namespace"] == "slots" and api["records"][0]["exists"]
+        failed = await http.get("/runs/fail-1")
+        assert 'class="step state-failed" id="step-3"' in failed.text
+        assert "Recovery report" in failed.text
+        assert 'href="#step-3"' in failed.text  # the report links to the failed step
+
+
+async def test_live_fragment_is_final_only_when_the_run_ended(
+        client: durable.Client, flow_registry: durable.Registry, gate: anyio.Event) -> None:
+    async with running_worker(client, flow_registry), console(client) as http:
+        await client.start("t.gated", id="gated-1")
+        await poll(lambda: _has(http, "/runs/gated-1/live", "t.wait"))
+        live = await http.get("/runs/gated-1/live")
+        assert "X-Durable-Final" not in live.headers
+        assert 'data-poll="/runs/gated-1/live"' in (await http.get("/runs/gated-1")).text
+        gate.set()
+        await finished(client, "gated-1")
+        live = await http.get("/runs/gated-1/live")
+        assert live.headers["X-Durable-Final"] == "1"
+        assert "opened" in live.text
+
+
+async def _has(http: httpx.AsyncClient, path: str, needle: str) -> bool:
+    return needle in (await http.get(path)).text
+
+
+async def test_runs_list_filters_counts_and_cursor(client: durable.Client,
+                                                   flow_registry: durable.Registry) -> None:
+    for i in range(7):
+        await client.start("t.ok", f"s{i}", id=f"ok-{i:02d}", key=f"s{i % 2}", delay=3600)
+    await client.start("t.fail", id="other-1", delay=3600)
+    await client.cancel("ok-03")
+    async with console(client) as http:
+        everything = (await http.get("/api/runs")).json()
+        assert [r["id"] for r in everything["runs"]][:2] == ["other-1", "ok-06"]
+        assert everything["counts"]["queued"] == 7 and everything["counts"]["cancelled"] == 1
+        seen: list[str] = []
+        cursor = None
+        while True:
+            params = {"limit": "3", "workflow": "t.ok"}
+            if cursor:
+                params["before"] = cursor
+            page = (await http.get("/api/runs", params=params)).json()
+            seen += [r["id"] for r in page["runs"]]
+            cursor = page["next"]
+            if cursor is None:
+                break
+        assert seen == [f"ok-{i:02d}" for i in reversed(range(7))]
+        keyed = (await http.get("/api/runs", params={"key": "s1"})).json()
+        assert sorted(r["id"] for r in keyed["runs"]) == ["ok-01", "ok-03", "ok-05"]
+        cancelled = (await http.get("/api/runs", params={"state": "cancelled"})).json()
+        assert [r["id"] for r in cancelled["runs"]] == ["ok-03"]
+        prefix = (await http.get("/api/runs", params={"q": "oth"})).json()
+        assert [r["id"] for r in prefix["runs"]] == ["other-1"]
+        future = (await http.get("/api/runs", params={"since": "2999-01-01T00:00Z"})).json()
+        assert future["runs"] == []
+        html = (await http.get("/runs", params={"limit": "3"})).text
+        assert 'rel="next"' in html and "ok-05" in html and "ok-04" not in html
+        assert 'class="delayed"' in html and "data-countdown" in html
+        bad = await http.get("/runs", params={"since": "yesterday-ish"})
+        assert bad.status_code == 400 and "not a time" in bad.text
+        bad = await http.get("/api/runs", params={"state": "exploded"})
+        assert bad.status_code == 400 and bad.json()["error"].startswith("unknown state")
+
+
+async def test_status_by_key_is_unknown_when_nothing_is_found(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    async with running_worker(client, flow_registry):
+        await client.start("t.ok", "slot-3", id="ok-3", key="slot-3")
+        await finished(client, "ok-3")
+    async with console(client) as http:
+        known = (await http.get("/api/status", params={"workflow": "t.ok", "key": "slot-3"}))
+        assert known.json()["status"] == "completed"
+        assert known.json()["run_id"] == "ok-3"
+        for params in ({"workflow": "t.ok", "key": "slot-404"}, {"id": "nope"}):
+            answer = (await http.get("/api/status", params=params)).json()
+            assert answer["status"] == "unknown" and answer["reason"]
+        missing = await http.get("/runs/nope")
+        assert missing.status_code == 404
+        assert "cannot confirm" in missing.text and "completed" not in missing.text
+        assert (await http.get("/api/status")).status_code == 400
+        api = await http.get("/api/runs/nope")
+        assert api.status_code == 404 and api.json()["status"] == "unknown"
+
+
+async def test_read_only_console_refuses_actions_and_says_so(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    await client.start("t.ok", "slot-5", id="ok-5", delay=3600)
+    async with console(client) as http:
+        page = await http.get("/runs/ok-5")
+        assert "read-only" in page.text and "<form class=\"action" not in page.text
+        csrf = http.cookies.get("durable_csrf")
+        refused = await http.post("/runs/ok-5/cancel", data={"csrf": csrf, "token": "x"})
+        assert refused.status_code == 403 and "read-only" in refused.text
+        api = await http.post("/api/runs/ok-5/cancel", headers={"Authorization": "Bearer x"})
+        assert api.status_code == 403
+    assert (await client.get("ok-5")).state is durable.RunState.QUEUED
+
+
+def _csrf(page: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match, "the form carries the CSRF value"
+    return match.group(1)
+
+
+async def test_actions_need_the_token_and_the_csrf_value(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    await client.start("t.ok", "slot-6", id="ok-6", delay=3600)
+    async with console(client, token=TOKEN) as http:
+        page = (await http.get("/runs/ok-6")).text
+        csrf = _csrf(page)
+        attempts = [
+            ({"csrf": csrf}, {}),                             # no token
+            ({"csrf": csrf, "token": "wrong"}, {}),           # wrong token
+            ({"token": TOKEN}, {}),                           # no CSRF value
+            ({"csrf": "forged", "token": TOKEN}, {}),         # another CSRF value
+            ({"csrf": csrf, "token": TOKEN}, {"Origin": "http://evil.example"}),
+        ]
+        for data, headers in attempts:
+            refused = await http.post("/runs/ok-6/cancel", data=data, headers=headers)
+            assert refused.status_code == 403, (data, headers)
+            assert (await client.get("ok-6")).state is durable.RunState.QUEUED
+        # the CSRF cookie alone (another tab's cookie, no form value) is not enough either
+        no_cookie = httpx.AsyncClient(base_url=str(http.base_url))
+        async with no_cookie:
+            refused = await no_cookie.post("/runs/ok-6/cancel",
+                                           data={"csrf": csrf, "token": TOKEN})
+            assert refused.status_code == 403
+        done = await http.post("/runs/ok-6/cancel", data={"csrf": csrf, "token": TOKEN},
+                               headers={"Origin": str(http.base_url).rstrip("/"),
+                                        "User-Agent": "pytest-operator"})
+        assert done.status_code == 303
+        assert (await client.get("ok-6")).state is durable.RunState.CANCELLED
+        entry = [e for e in await client.journal("ok-6") if e.kind.value == "run_cancelled"][-1]
+        assert entry.data["origin"]["via"] == "console"
+        assert entry.data["origin"]["remote"] == "127.0.0.1"
+        assert entry.data["origin"]["user_agent"] == "pytest-operator"
+        after = (await http.get(done.headers["location"])).text
+        assert "cancelled before it started" in after
+
+
+async def test_replay_from_the_console_and_the_api(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    async with running_worker(client, flow_registry):
+        await client.start("t.fail", id="fail-2")
+        await finished(client, "fail-2")
+    async with console(client, token=TOKEN) as http:
+        page = (await http.get("/runs/fail-2")).text
+        assert 'action="/runs/fail-2/replay"' in page
+        refused = await http.post("/api/runs/fail-2/replay", json={"from_step": 1})
+        assert refused.status_code == 403
+        replayed = await http.post("/api/runs/fail-2/replay", json={"from_step": 1},
+                                   headers={"Authorization": f"Bearer {TOKEN}"})
+        assert replayed.status_code == 200, replayed.text
+        assert replayed.json()["run"]["state"] == "queued"
+        entry = [e for e in await client.journal("fail-2") if e.kind.value == "run_replayed"][-1]
+        assert entry.data["from_step"] == 1 and entry.data["origin"]["via"] == "console"
+        again = await http.post("/api/runs/fail-2/replay",
+                                headers={"Authorization": f"Bearer {TOKEN}"})
+        assert again.status_code == 409  # queued now: only failed or cancelled runs replay
+        bad = await http.post("/api/runs/fail-2/explode",
+                              headers={"Authorization": f"Bearer {TOKEN}"})
+        assert bad.status_code == 404
+
+
+async def test_no_secret_on_any_page_or_in_the_api(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    async with running_worker(client, flow_registry):
+        await client.start("t.fail", id="fail-3")
+        await finished(client, "fail-3")
+    async with console(client, token=TOKEN) as http:
+        bodies = []
+        for path in ("/runs", "/runs/fail-3", "/runs/fail-3/live", "/api/runs",
+                     "/api/runs/fail-3", "/api/runs/fail-3/journal", "/status",
+                     "/api/status?id=fail-3"):
+            response = await http.get(path)
+            assert response.status_code == 200, path
+            bodies.append(response.text)
+            assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+        refused = await http.post("/api/runs/fail-3/cancel",
+                                  headers={"Authorization": "Bearer " + TOKEN[:-1]})
+        bodies.append(refused.text)
+        for body in bodies:
+            assert TOKEN not in body
+            assert SECRET not in body, body[max(body.find(SECRET) - 200, 0):body.find(SECRET) + 40]
+        assert "upstream said 401 to Authorization: [redacted]" in bodies[1]
+        assert "authenticated with Authorization: [redacted]" in bodies[1]
