@@ -104,7 +104,9 @@ def run_filters(
         used.append("state")
         params["state"] = RunState(state).value
     if workflow is not None:
-        used.append("workflow")
+        # with a key, the key's index reads few rows: the workflow is checked on them (else
+        # SQLite counts a key's runs through the workflow's whole index, 7 ms at 100,000)
+        used.append("workflow" if key is None else "workflow_of_key")
         params["workflow"] = workflow
     if key is not None:
         used.append("key")

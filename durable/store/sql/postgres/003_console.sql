@@ -11,6 +11,7 @@ CREATE INDEX durable_runs_by_workflow_state
     ON durable_runs (workflow, state, created_at, id COLLATE "C");
 CREATE INDEX durable_runs_by_concurrency_key
     ON durable_runs (concurrency_key, created_at, id COLLATE "C");
+-- latest_run (a workflow's newest run of a key): in the order of the sort, id included
 DROP INDEX durable_runs_by_key;
 CREATE INDEX durable_runs_by_key
     ON durable_runs (workflow, concurrency_key, created_at, id COLLATE "C");

@@ -46,6 +46,9 @@ state = %(state)s::text
 -- name: runs_where_workflow
 workflow = %(workflow)s::text
 
+-- name: runs_where_workflow_of_key
+workflow = %(workflow)s::text
+
 -- name: runs_where_key
 concurrency_key = %(key)s::text
 

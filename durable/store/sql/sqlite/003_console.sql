@@ -9,6 +9,6 @@ CREATE INDEX durable_runs_by_workflow ON durable_runs (workflow, created_at, id)
 -- a workflow's runs in one state; and its counts per state, from the index alone
 CREATE INDEX durable_runs_by_workflow_state ON durable_runs (workflow, state, created_at, id);
 CREATE INDEX durable_runs_by_concurrency_key ON durable_runs (concurrency_key, created_at, id);
--- latest_run and a workflow's runs of one key, in the order of the sort (id included)
+-- latest_run (a workflow's newest run of a key): in the order of the sort, id included
 DROP INDEX durable_runs_by_key;
 CREATE INDEX durable_runs_by_key ON durable_runs (workflow, concurrency_key, created_at, id);

@@ -32,6 +32,10 @@ state = :state
 -- name: runs_where_workflow
 workflow = :workflow
 
+-- name: runs_where_workflow_of_key
+-- with a key given: unary + keeps SQLite on the key's index (few rows), checking the workflow
++workflow = :workflow
+
 -- name: runs_where_key
 concurrency_key = :key
 
