@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -11,9 +12,11 @@ import anyio
 
 from .._client import Client
 from .._errors import ConfigError
-from ._serve import DEFAULT_BIND
 
+# Nothing here imports Starlette or Hypercorn: the CLI builds its parser from this module
+# on an install without the console extra.
 TOKEN_ENV = "DURABLE_CONSOLE_TOKEN"
+DEFAULT_BIND = "127.0.0.1:8080"
 
 
 def read_token(token_file: str | None) -> str | None:
@@ -49,20 +52,18 @@ def add_options(parser: argparse.ArgumentParser, *, worker: bool) -> None:
              f"${TOKEN_ENV}; without either the console is read-only)")
 
 
-async def serve_client(client: Client, bind: str, token: str | None) -> None:
-    """Serve the console over ``client`` until cancelled, announcing its URL on stderr."""
-    from . import bind_socket, create_app, parse_bind, serve, url_of
+async def serve_client(client: Client, sock: socket.socket, token: str | None) -> None:
+    """Serve the console over ``client`` on the bound ``sock`` until cancelled, announcing
+    its URL on stderr."""
+    from . import create_app, serve, url_of
 
-    host, port = parse_bind(bind)
-    sock = bind_socket(host, port)
-    with sock:
-        url = url_of(sock)
-        app = create_app(client, token=token, console_url=client.console_url or url)
-        async with anyio.create_task_group() as tg:
-            await tg.start(serve, app, sock)
-            mode = "read-only" if token is None else "cancel and replay need the admin token"
-            print(f"durable: console at {url}/runs ({mode})", file=sys.stderr, flush=True)
-            await anyio.sleep_forever()
+    url = url_of(sock)
+    app = create_app(client, token=token, console_url=client.console_url or url)
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve, app, sock)
+        mode = "read-only" if token is None else "cancel and replay need the admin token"
+        print(f"durable: console at {url}/runs ({mode})", file=sys.stderr, flush=True)
+        await anyio.sleep_forever()
 
 
 def check_installed() -> None:
