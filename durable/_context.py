@@ -15,7 +15,7 @@ import anyio.to_thread
 import httpx
 
 from ._errors import ConfigError, LeaseLostError
-from ._logging import redact
+from ._logging import redact, redact_json
 from ._types import JSON, Run
 
 if TYPE_CHECKING:
@@ -261,8 +261,9 @@ class ActivityContext:
             self._attempt.heartbeat_detail = detail
 
     def annotate(self, summary: JSON) -> None:
-        """A short summary of what this step did or touched, kept in the journal."""
-        self.summary = summary
+        """A short summary of what this step did or touched, kept in the journal (redacted
+        of credentials first, like errors: a careless summary never journals a token)."""
+        self.summary = redact_json(summary)
 
     async def assert_still_mine(self) -> None:
         """Raise :class:`durable.LeaseLostError` unless this attempt still holds the run.

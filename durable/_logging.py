@@ -62,6 +62,18 @@ def redact(text: str) -> str:
     return text
 
 
+def redact_json(value: Any) -> Any:
+    """A JSON value with every string in it redacted (keys kept): for summaries and
+    results that are journaled or shown."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {k: redact_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_json(v) for v in value]
+    return value
+
+
 def _redact_value(value: Any) -> Any:
     if isinstance(value, str):
         return redact(value)

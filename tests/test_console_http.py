@@ -295,6 +295,8 @@ async def test_no_secret_on_any_page_or_in_the_api(
     async with running_worker(client, flow_registry):
         await client.start("t.fail", id="fail-3")
         await finished(client, "fail-3")
+    journaled = [e.data.get("summary") for e in await client.journal("fail-3") if e.step == 2]
+    assert "authenticated with Authorization: [redacted]" in journaled  # redacted at annotate
     async with console(client, token=TOKEN) as http:
         bodies = []
         for path in ("/runs", "/runs/fail-3", "/runs/fail-3/live", "/api/runs",

@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._client import Client
 from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
-from .._logging import get_logger, redact
+from .._logging import get_logger, redact, redact_json
 from .._progress import progress
 from .._report import RecoveryReport
 from .._shapes import entry_json, run_json, show_json
@@ -431,14 +431,9 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
 
 
 def _safe(data: Any) -> Any:
-    """JSON with every string redacted (no credential leaves through the API)."""
-    if isinstance(data, str):
-        return redact(data)
-    if isinstance(data, list | tuple):
-        return [_safe(v) for v in data]
-    if isinstance(data, dict):
-        return {k: _safe(v) for k, v in data.items()}
-    return data
+    """JSON with every string redacted (no credential leaves through the API, whatever an
+    older journal holds)."""
+    return redact_json(data)
 
 
 _SECURITY_HEADERS = [
