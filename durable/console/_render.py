@@ -38,13 +38,13 @@ def attr(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def when(ts: float | None) -> str:
-    """A UTC time, with a relative "ago" the ticker keeps current."""
+def when(ts: float | None, *, ago: bool = True) -> str:
+    """A UTC time, with a relative "ago" the ticker keeps current (not for future times)."""
     if ts is None:
         return "-"
     iso = utc(ts).replace(" UTC", "Z").replace(" ", "T")
-    return (f'<time datetime="{attr(iso)}">{attr(utc(ts))}</time> '
-            f'<span class="ago" data-ago="{ts:.3f}"></span>')
+    shown = f'<time datetime="{attr(iso)}">{attr(utc(ts))}</time>'
+    return shown + (f' <span class="ago" data-ago="{ts:.3f}"></span>' if ago else "")
 
 
 def countdown(ts: float) -> str:
@@ -223,11 +223,12 @@ def header(d: RunDetail) -> str:
     ended = run.updated_at if run.state.finished else None
     lease = "-"
     if run.state is RunState.RUNNING and run.lease_expires_at is not None:
-        lease = f"{when(run.lease_expires_at)} ({countdown(run.lease_expires_at)})"
+        lease = (f"{when(run.lease_expires_at, ago=False)} "
+                 f"({countdown(run.lease_expires_at)})")
     delayed = ""
     if run.state is RunState.QUEUED and run.run_at > d.now:
         delayed = (f'<p class="delayed-start">Starts {countdown(run.run_at)} '
-                   f"(at {when(run.run_at)}); it can be cancelled until then.</p>")
+                   f"(at {when(run.run_at, ago=False)}); it can be cancelled until then.</p>")
     cancel = (' <span class="badge cancel-requested">cancel requested</span>'
               if run.cancel_requested and not run.state.finished else "")
     rows = [

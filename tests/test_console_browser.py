@@ -1,0 +1,217 @@
+"""The real console in a real browser: ``python -m durable console`` (on asyncio and on trio)
+and a worker (``python -m durable.worker``), both subprocesses over one SQLite file, driven by
+Debian's chromium.
+
+The steps of tests/consoleflows.py wait for files, so each test decides when a step ends.
+With ``DURABLE_SCREENSHOTS=DIR`` the tests also save the screenshots the docs show.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .browser import free_port, serving_process
+from .conftest import subprocess_env
+from .consoleflows import SECRET
+from .helpers import python_process
+
+pytest_plugins = ["tests.browser"]
+
+WAIT = 20_000  # ms: the bound of every wait in the browser (generous for a loaded machine)
+TOKEN = "console-e2e-admin-token-93ab7"
+
+
+class Env:
+    """One database, a worker and a console on it."""
+
+    def __init__(self, tmp: Path, url: str, console: str) -> None:
+        self.tmp = tmp
+        self.db = url
+        self.console = console
+        self.gates = tmp / "gates"
+        self.gates.mkdir(exist_ok=True)
+
+    def durable(self, *args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "durable", *args, "--db", self.db],
+                              env=subprocess_env(), capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def start(self, workflow: str, *args: str, run_id: str, extra: tuple[str, ...] = ()) -> None:
+        self.durable("start", workflow, *args, "--id", run_id, "--import", "tests.consoleflows",
+                     *extra)
+
+    def open_gate(self, name: str) -> None:
+        (self.gates / name).touch()
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    backend = str(request.param)
+    db = f"sqlite:///{tmp_path / 'durable.db'}"
+    subprocess.run([sys.executable, "-m", "durable", "migrate", "--db", db],
+                   env=subprocess_env(), check=True, capture_output=True, timeout=60)
+    port = free_port()
+    environ = subprocess_env() | {"DURABLE_CONSOLE_TOKEN": TOKEN}
+    console = [sys.executable, "-m", "durable", "console", "--db", db,
+               "--bind", f"127.0.0.1:{port}", "--backend", backend]
+    worker = ["-m", "durable.worker", "--db", db, "--import",
+              "tests.consoleflows", "--poll", "0.05", "--lease", "10",
+              "--console-url", f"http://127.0.0.1:{port}"]
+    with serving_process(console, port, tmp_path / "console.log", env=environ), \
+            python_process(worker, tmp_path / "worker.log"):
+        yield Env(tmp_path, db, f"http://127.0.0.1:{port}")
+
+
+def shoot(page: Any, name: str) -> None:
+    folder = os.environ.get("DURABLE_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+def test_run_page_shows_the_journal_and_step_anchors_scroll_and_highlight(
+        env: Env, page: Any) -> None:
+    env.start("console.many", "40", run_id="many-1")
+    page.goto(f"{env.console}/runs/many-1")
+    page.wait_for_selector("#step-40.state-completed", timeout=WAIT)
+    page.goto(f"{env.console}/runs/many-1#step-31")
+    target = page.locator("#step-31")
+    page.wait_for_function(
+        "() => document.getElementById('step-31').classList.contains('highlight')",
+                           timeout=WAIT)
+    assert "step 31 of 40" in target.inner_text()
+    box = page.evaluate("(() => { const r = document.getElementById('step-31')"
+                        ".getBoundingClientRect(); return [r.top, r.bottom, innerHeight]; })()")
+    assert 0 <= box[0] < box[2], box  # scrolled into view
+    assert page.locator(".highlight").count() == 1
+    journal = page.locator("details.journal")
+    assert "run_completed" in (journal.text_content() or "")
+
+
+def test_an_unknown_run_shows_cannot_confirm_and_stays(env: Env, page: Any) -> None:
+    page.goto(f"{env.console}/runs/no-such-run")
+    status = page.locator("[data-status]")
+    page.wait_for_function("() => window.durableConsole && window.durableConsole.renders >= 2",
+                           timeout=WAIT)  # the status has been asked for again and again
+    assert status.inner_text().startswith("cannot confirm")
+    assert page.url == f"{env.console}/runs/no-such-run"
+    assert "completed" not in page.locator("main").inner_text()
+
+
+def test_a_live_run_updates_as_its_steps_complete(env: Env, page: Any) -> None:
+    folder = str(env.gates)
+    env.start("console.gated", f'"{folder}"', "3", run_id="gated-1")
+    page.goto(f"{env.console}/runs/gated-1")
+    page.wait_for_selector("#step-1.state-started", timeout=WAIT)
+    page.evaluate("window.__same_page = true")  # gone if the page reloads or navigates
+    env.open_gate("step-1")
+    page.wait_for_selector("#step-1.state-completed", timeout=WAIT)
+    page.wait_for_selector("#step-2.state-started", timeout=WAIT)
+    env.open_gate("step-2")
+    env.open_gate("step-3")
+    page.wait_for_selector(".fields[data-state=completed]", timeout=WAIT)
+    assert page.evaluate("window.__same_page") is True
+    assert page.locator("#step-3.state-completed").count() == 1
+
+
+def test_a_running_batch_shows_its_items(env: Env, page: Any) -> None:
+    env.start("console.batch", f'"{env.gates}"', "12", run_id="batch-1")
+    for i in range(5):
+        env.open_gate(f"item-{i}")
+    page.goto(f"{env.console}/runs/batch-1")
+    page.wait_for_function(
+        "() => document.querySelector('.progress-text') && "
+        "document.querySelector('.progress-text').innerText.startsWith('5 of 12 done')",
+        timeout=WAIT)
+    assert "3 in flight" in page.locator(".progress-text").inner_text()
+    shoot(page, "console-batch.png")
+    page.goto(f"{env.console}/runs")
+    page.wait_for_selector("tr[data-run-id=batch-1]", timeout=WAIT)
+    shoot(page, "console-runs.png")
+    for i in range(5, 12):
+        env.open_gate(f"item-{i}")
+    page.goto(f"{env.console}/runs/batch-1")
+    page.wait_for_selector(".fields[data-state=completed]", timeout=WAIT)
+    assert page.locator(".progress-text").inner_text().startswith("12 of 12 done")
+
+
+def _failed_run(env: Env, page: Any, run_id: str) -> None:
+    env.start("console.fails", f'"{env.gates}"', run_id=run_id)
+    page.goto(f"{env.console}/runs/{run_id}")
+    page.wait_for_selector(".fields[data-state=failed]", timeout=WAIT)
+    page.reload()  # a finished run's page: its action forms are rendered
+
+
+def test_replay_needs_the_token_and_the_csrf_value(env: Env, page: Any) -> None:
+    _failed_run(env, page, "fails-1")
+    shoot(page, "console-failed.png")
+    form = page.locator("form.replay")
+    form.locator("input[name=token]").fill("not-the-token")
+    form.locator("button").click()
+    page.wait_for_selector("p.refused", timeout=WAIT)
+    assert "admin token is missing or wrong" in page.inner_text("p.refused")
+
+    page.goto(f"{env.console}/runs/fails-1")
+    page.evaluate("document.querySelector('form.replay input[name=csrf]').remove()")
+    page.locator("form.replay input[name=token]").fill(TOKEN)
+    page.locator("form.replay button").click()
+    page.wait_for_selector("p.refused", timeout=WAIT)
+    assert "CSRF" in page.inner_text("p.refused")
+    assert "run_replayed" not in env.durable("show", "fails-1", "--json")
+
+    page.goto(f"{env.console}/runs/fails-1")
+    page.locator("form.replay select[name=from_step]").select_option("3")
+    page.locator("form.replay input[name=token]").fill(TOKEN)
+    page.locator("form.replay button").click()
+    page.wait_for_selector(".flash", timeout=WAIT)
+    assert "queued again" in page.inner_text(".flash")
+    shown = env.durable("show", "fails-1", "--json")
+    assert '"origin"' in shown and '"via": "console"' in shown and '"from_step": 3' in shown
+
+
+def test_cancel_needs_the_token(env: Env, page: Any) -> None:
+    env.start("console.many", "3", run_id="later-1", extra=("--delay", "3600"))
+    page.goto(f"{env.console}/runs/later-1")
+    page.wait_for_selector(".delayed-start [data-countdown]", timeout=WAIT)
+    assert re.search(r"Starts in (59 min|1 h)", page.inner_text(".delayed-start"))
+    form = page.locator("form.cancel")
+    form.locator("input[name=token]").fill("wrong")
+    form.locator("button").click()
+    page.wait_for_selector("p.refused", timeout=WAIT)
+    assert '"state": "queued"' in env.durable("show", "later-1", "--json")
+    page.goto(f"{env.console}/runs/later-1")
+    page.locator("form.cancel input[name=token]").fill(TOKEN)
+    page.locator("form.cancel button").click()
+    page.wait_for_selector(".flash", timeout=WAIT)
+    assert "cancelled before it started" in page.inner_text(".flash")
+    page.wait_for_selector(".fields[data-state=cancelled]", timeout=WAIT)
+
+
+def test_pages_hold_no_secret(env: Env, page: Any) -> None:
+    _failed_run(env, page, "fails-2")
+    contents = []
+    for path in ("/runs", "/runs/fails-2", "/status?id=fails-2", "/api/runs/fails-2",
+                 "/api/runs", "/runs/fails-2#step-2"):
+        page.goto(f"{env.console}{path}")
+        page.wait_for_load_state("load")
+        contents.append(page.content())
+    page.goto(f"{env.console}/runs/fails-2")
+    page.locator("form.replay input[name=token]").fill(TOKEN)
+    page.locator("form.replay button").click()
+    page.wait_for_selector(".flash", timeout=WAIT)
+    contents.append(page.content())
+    cookies = page.context.cookies()
+    for content in contents:
+        assert TOKEN not in content
+        assert SECRET not in content
+    assert all(TOKEN not in c["value"] for c in cookies)
+    assert "[redacted]" in contents[1]
