@@ -20,9 +20,11 @@ from anyio.abc import TaskStatus
 
 from ._client import Client, InDoubt, check_step, describe_replay
 from ._errors import ConfigError, DurableError
+from ._follow import Follower
 from ._logging import configure_logging, redact
 from ._registry import default_registry
 from ._report import (
+    _isatty,
     clip,
     one_line,
     render_timeline,
@@ -162,6 +164,12 @@ async def _cmd_list(args: argparse.Namespace) -> int:
 
 
 async def _cmd_show(args: argparse.Namespace) -> int:
+    if args.follow:
+        if args.json or args.step is not None:
+            raise ConfigError("--follow prints the timeline as it grows; it cannot be combined "
+                              f"with {'--json' if args.json else '--step'} (run show without "
+                              "--follow for that)")
+        return await _follow_run(args)
     async with Client.connect(args.db, create=False, console_url=args.console_url) as client:
         run = await client.get(args.id)
         entries = await client.store.journal(args.id)
@@ -173,6 +181,47 @@ async def _cmd_show(args: argparse.Namespace) -> int:
     print(render_timeline(run, entries, step=args.step, console_url=args.console_url,
                           width=terminal_width(sys.stdout),
                           color=use_color(sys.stdout, args.color)))
+    return 0
+
+
+async def _follow_run(args: argparse.Namespace) -> int:
+    """``show ID --follow``: 0 once the run has ended, 130 on Ctrl-C (SIGINT)."""
+    interrupted = False
+    async with Client.connect(args.db, create=False, console_url=args.console_url) as client:
+        follower = Follower(client, args.id, sys.stdout, width=terminal_width(sys.stdout),
+                            color=use_color(sys.stdout, args.color), tty=_isatty(sys.stdout),
+                            console_url=args.console_url)
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stop_on_signal(*, task_status: TaskStatus[None]) -> None:
+                    nonlocal interrupted
+                    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                        task_status.started()
+                        async for _signum in signals:
+                            interrupted = True
+                            tg.cancel_scope.cancel()
+                            return
+
+                await tg.start(stop_on_signal)
+                try:
+                    await follower.run()
+                finally:
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the follower's own error, as show raises it
+            error: BaseException = group
+            while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+                error = error.exceptions[0]
+            if isinstance(error, BrokenPipeError):  # piped into a reader that left (| head)
+                with contextlib.suppress(OSError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+            raise error from None
+    if interrupted:
+        follower.stop()
+        print(f"durable: stopped following {args.id}; the run itself goes on (cancel it with "
+              f"python -m durable cancel {args.id})", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -387,6 +436,13 @@ def build_parser() -> _Parser:
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the states: auto = on a terminal unless NO_COLOR is set "
                         "(default: auto)")
+    p.add_argument("--follow", action="store_true",
+                   help="then follow the run live: print each step as it starts and ends, "
+                        "and a batch run's items done / total (on a terminal a progress bar "
+                        "redrawn in place, piped a line per change), until the run ends. Exits "
+                        "0 once the run has ended, whatever its state (following worked; the "
+                        "final line says how the run ended, and show ID --json tells a script), "
+                        "130 on Ctrl-C, which stops following, not the run")
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("cancel", help="cancel a queued, delayed or running run",
