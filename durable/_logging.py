@@ -33,7 +33,7 @@ _SECRET_PATTERNS = [
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=|-]+"), r"\1 [redacted]"),
     # ``token=``, ``api_key:``, ``xi-api-key:`` (ElevenLabs), ``x-api-key:``, ``password=``...
     (re.compile(r"(?i)\b((?:access_|api_|auth_)?token|api[_-]?key|secret|password)"
-                r"([\"']?\s*[:=]\s*[\"']?)[^\s\"',}&]+"), r"\1\2[redacted]"),
+                r"([\"']?\s*[:=]\s*[\"']?)[^\s\"',})&]+"), r"\1\2[redacted]"),
     # ``Authorization: <scheme> <credentials>`` or ``Authorization: <credentials>``: the
     # scheme word is taken only when it is an auth scheme, so the next word of the text stays
     (re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)"

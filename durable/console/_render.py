@@ -285,8 +285,8 @@ def progress_bar(p: Progress | None) -> str:
 
 def report_block(d: RunDetail) -> str:
     r = d.report
-    if d.run.state is RunState.COMPLETED and not r.in_doubt:
-        return ""
+    if d.run.state not in (RunState.FAILED, RunState.CANCELLED) and not r.in_doubt:
+        return ""  # a report is what to do after a run stopped short
     items = []
     for s in r.failed:
         items.append(f'<li>Failed: <a href="#step-{s.number}">step {s.number}</a> '
@@ -335,13 +335,17 @@ def _step_state(step: StepView, current: int) -> str:
 def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run: Run) -> str:
     state = _step_state(step, current)
     took = ""
-    if step.started_at is not None and step.ended_at is not None and state != "in_doubt":
+    if (step.started_at is not None and step.ended_at is not None and state != "in_doubt"
+            and not step.name.startswith("durable.")):
         took = f" · took {duration(float(step.ended_at) - float(step.started_at))}"
     accepted = " · accepted by operator" if step.accepted else ""
+    # durable.* steps are the engine's journaled values and record writes, not tries
+    what = ("journaled by the engine" if step.name.startswith("durable.")
+            else tries(step.tries))
     lines = [f'<li class="step state-{state}" id="step-{step.number}">'
              f'<a class="anchor" href="#step-{step.number}">#{step.number}</a> '
              f'<b class="activity">{text(step.name)}</b> {badge(state)} '
-             f'<small>key {text(step.key)} · {tries(step.tries)}{took}{accepted}</small>']
+             f'<small>key {text(step.key)} · {what}{took}{accepted}</small>']
     if step.summary is not None:
         lines.append(f'<div class="summary">{text(step.summary)}</div>')
     if step.error and state != "completed":
