@@ -220,3 +220,30 @@ async def test_the_report_does_not_list_the_declaration_as_a_step(
     # the timeline shows it as the journaled value it is, saying what was declared
     text = durable.render_timeline(done, await client.journal("rep"), width=120)
     assert "2 items: item-0, item-1" in text
+
+
+async def test_an_item_waiting_to_be_tried_again_is_in_flight(
+        client: durable.Client, registry: durable.Registry) -> None:
+    @durable.activity("prog.flaky", registry=registry, on_doubt="fail",
+                      retry=durable.RetryPolicy(max_tries=3, initial_delay=60, jitter=0))
+    async def flaky(ctx: durable.ActivityContext) -> None:
+        raise RuntimeError("not yet")
+
+    @durable.workflow("prog.retrying", registry=registry)
+    async def retrying(ctx: durable.WorkflowContext) -> None:
+        await ctx.items(1)
+        await ctx.step(flaky, key="item-0")
+
+    async with running_worker(client, registry):
+        await client.start("prog.retrying", id="w")
+        journal = await poll(lambda: _retrying(client, "w"))
+        assert progress(await client.get("w"), journal) == Progress(1, 0, 0, 1, 0, 0)
+        await client.cancel("w")  # ends the wait for the next try
+        cancelled = await client.wait("w")
+    assert cancelled.state is RunState.CANCELLED
+    assert await _progress(client, "w") == Progress(1, 0, 0, 0, 0, 1)  # never retried
+
+
+async def _retrying(client: durable.Client, run_id: str) -> list[durable.JournalEntry] | None:
+    journal = await client.journal(run_id)
+    return journal if journal[-1].kind is EntryKind.STEP_RETRYING else None
