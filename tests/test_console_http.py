@@ -314,3 +314,26 @@ async def test_no_secret_on_any_page_or_in_the_api(
             assert SECRET not in body, body[max(body.find(SECRET) - 200, 0):body.find(SECRET) + 40]
         assert "upstream said 401 to Authorization: [redacted]" in bodies[1]
         assert "authenticated with Authorization: [redacted]" in bodies[1]
+
+
+async def test_an_in_doubt_step_says_what_to_check_and_replay_resolves_it(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    async with running_worker(client, flow_registry), console(client, token=TOKEN) as http:
+        await client.start("t.gated", id="gated-2")
+        await poll(lambda: _has(http, "/runs/gated-2/live", 'id="step-2"'))
+        cancelled = await http.post("/api/runs/gated-2/cancel",
+                                    headers={"Authorization": f"Bearer {TOKEN}"})
+        assert cancelled.status_code == 200, cancelled.text
+        await finished(client, "gated-2")
+        page = (await http.get("/runs/gated-2")).text
+        assert 'class="step state-in_doubt" id="step-2"' in page
+        assert "idempotency key <code>gated-2/2</code>" in page  # what to look for, and where
+        assert 'name="in_doubt" value="rerun"' in page and 'name="in_doubt" value="accept"' in page
+        api = (await http.get("/api/runs/gated-2")).json()
+        assert [s["number"] for s in api["report"]["in_doubt"]] == [2]
+        replayed = await http.post("/runs/gated-2/replay",
+                                   data={"csrf": _csrf(page), "token": TOKEN,
+                                         "in_doubt": "rerun", "from_step": ""})
+        assert replayed.status_code == 303, replayed.text
+        entry = [e for e in await client.journal("gated-2") if e.kind.value == "run_replayed"][-1]
+        assert entry.data["in_doubt"] == "rerun" and entry.data["origin"]["via"] == "console"
