@@ -265,6 +265,16 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
     import_modules(_imports(args))
     if not default_registry.workflows:
         raise ConfigError("no workflows registered: pass --import MODULE (or DURABLE_IMPORT)")
+    console_sock, token = None, None
+    console_url = args.console_url
+    if args.console:  # bound before anything else, so a taken port is one line and no work
+        from .console import _command as console_command
+        from .console import bind_socket, parse_bind, url_of
+
+        console_command.check_installed()
+        token = console_command.read_token(args.token_file)
+        console_sock = bind_socket(*parse_bind(args.console))
+        console_url = console_url or url_of(console_sock)
     # statements are short: a small pool serves many attempts (10 was as fast as 35 with 32
     # attempts), and several workers must stay under the server's max_connections
     store = store_from_url(args.db, pool_size=min(args.concurrency + 3, 10))
@@ -272,15 +282,50 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
     try:
         _say_created(store)
         worker = Worker(store, concurrency=args.concurrency, lease=args.lease,
-                        grace=args.grace, poll_interval=args.poll, console_url=args.console_url)
+                        grace=args.grace, poll_interval=args.poll, console_url=console_url)
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, worker)  # handlers in place before worker_started
+            if console_sock is not None:
+                from .console import create_app, serve
+
+                app = create_app(Client(store, console_url=console_url), token=token,
+                                 console_url=console_url)
+                await tg.start(serve, app, console_sock)
+                print(f"durable: console at {console_url}/runs", file=sys.stderr, flush=True)
             await worker.run()
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await store.aclose()
+        if console_sock is not None:
+            console_sock.close()
     return 0
+
+
+async def _cmd_console(args: argparse.Namespace) -> int:
+    from .console import _command as console_command
+
+    console_command.check_installed()
+    from .console import bind_socket, parse_bind
+
+    token = console_command.read_token(args.token_file)
+    sock = bind_socket(*parse_bind(args.bind, "--bind"))  # a taken port: one line, nothing
+    with sock:
+        async with Client.connect(args.db, create=False,
+                                  console_url=args.console_url) as client:
+            async with anyio.create_task_group() as tg:
+                await tg.start(_cancel_on_signal, tg.cancel_scope)
+                await console_command.serve_client(client, sock, token)
+    return 0
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope, *,
+                            task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """SIGTERM or SIGINT ends the block (every later signal too: no KeyboardInterrupt)."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for _signum in signals:
+            scope.cancel()
 
 
 async def _watch_signals(worker: Worker, *,
@@ -385,6 +430,9 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
                         help="the least severe log lines shown")
+    from .console._command import add_options as console_options
+
+    console_options(parser, worker=True)
     parser.set_defaults(func=_cmd_worker)
 
 
@@ -474,6 +522,14 @@ def build_parser() -> _Parser:
     _common(p)
     p.set_defaults(func=_cmd_migrate)
 
+    p = sub.add_parser("console", help="serve the operator console (web pages and JSON API)",
+                       description=CONSOLE_DESCRIPTION)
+    _common(p, console=True)
+    from .console._command import add_options as console_options
+
+    console_options(p, worker=False)
+    p.set_defaults(func=_cmd_console)
+
     p = sub.add_parser("worker", help="run a worker (same as python -m durable.worker)",
                        description=WORKER_DESCRIPTION)
     _worker_options(p)
@@ -481,6 +537,14 @@ def build_parser() -> _Parser:
         command.set_defaults(command_parser=command)
     return parser
 
+
+CONSOLE_DESCRIPTION = """\
+Serve the operator console until SIGTERM or SIGINT (Ctrl-C): runs, their journals as
+timelines (/runs/ID#step-N, the target of recovery links), status by key, and a JSON API
+(/api/...). Read-only unless an admin token is configured ($DURABLE_CONSOLE_TOKEN or
+--token-file); cancel and replay then need it. Needs the console extra
+(pip install 'durable-fenced[console]').
+"""
 
 WORKER_DESCRIPTION = """\
 Claim and run durable workflows until SIGTERM or SIGINT (Ctrl-C): on the first signal,

@@ -1,0 +1,89 @@
+"""``python -m durable console`` and ``worker --console`` as a user runs them (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .browser import free_port, serving_process
+from .conftest import subprocess_env
+
+
+def durable(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "durable", *args], cwd=cwd,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'durable.db'}"
+    assert durable("migrate", "--db", url, cwd=tmp_path).returncode == 0
+    return url
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--bind", "127.0.0.1:http"], "--bind '127.0.0.1:http' is not HOST:PORT"),
+    (["--bind", "localhost"], "is not HOST:PORT"),
+    (["--token-file", "missing.txt"], "cannot read --token-file missing.txt"),
+])
+def test_a_mistake_is_one_line(tmp_path: Path, db: str, args: list[str], message: str) -> None:
+    done = durable("console", "--db", db, *args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_taken_port_and_a_missing_database_are_one_line(tmp_path: Path, db: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = durable("console", "--db", db, "--bind", f"127.0.0.1:{port}", cwd=tmp_path)
+    assert done.returncode == 2 and "the port is in use" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    done = durable("console", "--db", "sqlite:///nowhere.db", "--bind", "127.0.0.1:0",
+                   cwd=tmp_path)
+    assert done.returncode == 2 and "no database at" in done.stderr
+    assert not (tmp_path / "nowhere.db").exists()
+
+
+def test_an_empty_token_file_is_refused(tmp_path: Path, db: str) -> None:
+    (tmp_path / "token").write_text("\n")
+    done = durable("console", "--db", db, "--token-file", "token", cwd=tmp_path)
+    assert done.returncode == 2 and "is empty" in done.stderr
+
+
+def _get(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        data: dict[str, object] = json.load(response)
+        return data
+
+
+def test_a_worker_serves_the_console_and_its_reports_link_to_it(tmp_path: Path,
+                                                                db: str) -> None:
+    port = free_port()
+    console = f"http://127.0.0.1:{port}"
+    worker = [sys.executable, "-m", "durable.worker", "--db", db, "--import", "tests.cliflows",
+              "--poll", "0.05", "--console", f"127.0.0.1:{port}"]
+    with serving_process(worker, port, tmp_path / "worker.log"):
+        assert durable("start", "cli.hello", '"x"', "--id", "h-1", "--import", "tests.cliflows",
+                       "--db", db, cwd=tmp_path).returncode == 0
+        deadline = time.monotonic() + 30
+        while True:  # a bounded poll of the console's own API
+            run = _get(f"{console}/api/runs/h-1")
+            if run["run"]["state"] == "completed":  # type: ignore[index]
+                break
+            assert time.monotonic() < deadline, "the run did not complete"
+            time.sleep(0.05)
+        assert run["report"]["run_link"].endswith(f"{console}/runs/h-1")  # type: ignore[index]
+        status = _get(f"{console}/api/status?id=h-1")
+        assert status["status"] == "completed"
+    log = (tmp_path / "worker.log").read_text()
+    assert f"durable: console at {console}/runs" in log
