@@ -12,7 +12,7 @@ from durable._cli import build_parser, worker_parser
 
 from .test_cli import assert_one_line_error, cli
 
-COMMANDS = ["start", "list", "show", "cancel", "replay", "migrate", "worker"]
+COMMANDS = ["start", "list", "show", "cancel", "replay", "migrate", "console", "worker"]
 
 
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
