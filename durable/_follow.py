@@ -15,6 +15,7 @@ the counts change (no carriage return, no colour unless asked for).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -159,22 +160,27 @@ class Follower:
         run = await self.client.get(self.run_id)
         self._add(await self.client.store.journal(self.run_id))
         self._start(run)
-        while not run.state.finished:
-            await anyio.sleep(self.poll)
-            before = run
-            run = await self.client.get(self.run_id)  # first the run, then its journal:
-            new = await self.client.store.journal(self.run_id, after=self.history.last_seq)
-            self._add(new)  # an ended run's journal is then read to its end
-            if new or _phase(run) != _phase(before):
-                self._update(run)
+        try:
+            while not run.state.finished:
+                await anyio.sleep(self.poll)
+                before = run
+                run = await self.client.get(self.run_id)  # first the run, then its journal:
+                new = await self.client.store.journal(self.run_id, after=self.history.last_seq)
+                self._add(new)  # an ended run's journal is then read to its end
+                if new or _phase(run) != _phase(before):
+                    self._update(run)
+        except BaseException:  # an error's line, or the shell's prompt, below the bar
+            self.stop()
+            raise
         self._finish(run)
         return run
 
     def stop(self) -> None:
         """End the terminal's progress line (the follower was interrupted)."""
         if self._bar:
-            self._write("\n")
             self._bar = 0
+            with contextlib.suppress(OSError):  # the terminal may be gone
+                self._write("\n")
 
     # -- internals -----------------------------------------------------------------------------
     def _add(self, entries: list[JournalEntry]) -> None:
