@@ -27,6 +27,7 @@ from ._report import (
     _isatty,
     clip,
     one_line,
+    parse_time,
     render_timeline,
     terminal_width,
     use_color,
@@ -149,7 +150,10 @@ async def _cmd_start(args: argparse.Namespace) -> int:
 async def _cmd_list(args: argparse.Namespace) -> int:
     async with Client.connect(args.db, create=False) as client:
         runs = await client.list(state=args.state, workflow=args.workflow, key=args.key,
-                                 limit=args.limit)
+                                 limit=args.limit,
+                                 created_from=parse_time(args.since, "--since"),
+                                 created_to=parse_time(args.until, "--until"),
+                                 id_prefix=args.prefix)
     if args.json:
         print(json.dumps([run_json(r) for r in runs], indent=2))
         return 0
@@ -469,6 +473,13 @@ def build_parser() -> _Parser:
                    help="only runs in this state (default: any)")
     p.add_argument("--workflow", help="only runs of this workflow (default: any)")
     p.add_argument("--key", help="only runs with this concurrency key (default: any)")
+    p.add_argument("--since", metavar="TIME",
+                   help="only runs created at or after TIME: ISO 8601 (2026-12-01T09:00Z; UTC "
+                        "unless it says otherwise) or epoch seconds (default: any)")
+    p.add_argument("--until", metavar="TIME",
+                   help="only runs created before TIME (default: any)")
+    p.add_argument("--prefix", metavar="ID_PREFIX",
+                   help="only runs whose id starts with this (default: any)")
     p.add_argument("--limit", type=int, default=50, metavar="N", help="at most N runs")
     p.add_argument("--json", action="store_true", help="print the runs as JSON")
     p.set_defaults(func=_cmd_list)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from typing import IO, Any
 
 import attrs
 
+from ._errors import ConfigError
 from ._history import History, StepView, tries
 from ._types import JSON, EntryKind, JournalEntry, Run, RunState, StepState
 
@@ -161,6 +163,30 @@ def utc(ts: float | None) -> str:
     if ts is None:
         return "-"
     return _datetime(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def parse_time(value: str | None, name: str) -> float | None:
+    """Epoch seconds, or an ISO 8601 time (UTC unless it says otherwise: ``2026-12-01``,
+    ``2026-12-01T09:00Z``, ``2026-12-01 09:00:00 UTC``); None for nothing; ConfigError
+    (one line, naming ``name``) for anything else."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(seconds):
+            return seconds
+    try:
+        when = dt.datetime.fromisoformat(text.replace(" UTC", "+00:00").replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"{name} {value!r} is not a time: give ISO 8601 "
+                          "(2026-12-01T09:00Z) or epoch seconds") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
 
 
 def _datetime(ts: float) -> dt.datetime:

@@ -87,3 +87,20 @@ def test_a_worker_serves_the_console_and_its_reports_link_to_it(tmp_path: Path,
         assert status["status"] == "completed"
     log = (tmp_path / "worker.log").read_text()
     assert f"durable: console at {console}/runs" in log
+
+
+def test_list_filters_by_time_and_id_prefix_like_the_console(tmp_path: Path, db: str) -> None:
+    for run_id in ("alpha-1", "alpha-2", "beta-1"):
+        assert durable("start", "cli.hello", '"x"', "--id", run_id, "--import",
+                       "tests.cliflows", "--delay", "600", "--db", db,
+                       cwd=tmp_path).returncode == 0
+    shown = durable("list", "--db", db, "--prefix", "alpha", "--json", cwd=tmp_path)
+    assert [r["id"] for r in json.loads(shown.stdout)] == ["alpha-2", "alpha-1"]
+    future = durable("list", "--db", db, "--since", "2999-01-01", cwd=tmp_path)
+    assert future.stdout.strip() == "no runs"
+    past = durable("list", "--db", db, "--until", "2000-01-01T00:00Z", "--json", cwd=tmp_path)
+    assert json.loads(past.stdout) == []
+    everything = durable("list", "--db", db, "--since", "0", "--json", cwd=tmp_path)
+    assert len(json.loads(everything.stdout)) == 3
+    bad = durable("list", "--db", db, "--since", "soon", cwd=tmp_path)
+    assert bad.returncode == 2 and "--since 'soon' is not a time" in bad.stderr

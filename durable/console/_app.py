@@ -18,10 +18,8 @@ cross-origin ``Origin`` is refused; every response forbids framing and inline sc
 
 from __future__ import annotations
 
-import datetime as dt
 import hmac
 import json
-import math
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -39,7 +37,7 @@ from .._client import Client
 from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
-from .._report import RecoveryReport
+from .._report import RecoveryReport, parse_time
 from .._shapes import entry_json, run_json, show_json
 from .._types import JSON, Run, RunState
 from . import _render as render
@@ -176,25 +174,7 @@ def _parse_step(value: str | None) -> int | None:
 
 
 def _parse_time(value: str | None, name: str) -> float | None:
-    """Epoch seconds, or an ISO 8601 time (UTC unless it says otherwise)."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        seconds = float(text)
-        if not math.isfinite(seconds):
-            raise ValueError
-        return seconds
-    except ValueError:
-        pass
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace(" UTC", "+00:00"))
-    except ValueError:
-        raise BadRequest(f"{name}={value!r} is not a time: give ISO 8601 "
-                         "(2026-12-01T09:00Z) or epoch seconds") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return when.timestamp()
+    return parse_time(value, f"{name}=")
 
 
 def _parse_cursor(value: str | None) -> tuple[float, str] | None:
