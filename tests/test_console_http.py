@@ -183,6 +183,14 @@ async def test_runs_list_filters_counts_and_cursor(client: durable.Client,
         assert future["runs"] == []
         html = (await http.get("/runs", params={"limit": "3"})).text
         assert 'rel="next"' in html and "ok-05" in html and "ok-04" not in html
+        older = re.search(r'rel="next" href="([^"]+)"', html)
+        assert older
+        second = (await http.get(older.group(1).replace("&amp;", "&"))).text
+        assert "ok-04" in second and "ok-05" not in second
+        live = re.search(r'data-poll="([^"]+)"', second)
+        assert live  # the second page refreshes itself in place, not into the first page
+        refreshed = (await http.get(live.group(1).replace("&amp;", "&"))).text
+        assert "ok-04" in refreshed and "ok-05" not in refreshed
         assert 'class="delayed"' in html and "data-countdown" in html
         bad = await http.get("/runs", params={"since": "yesterday-ish"})
         assert bad.status_code == 400 and "not a time" in bad.text

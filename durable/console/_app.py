@@ -281,12 +281,11 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         before = request.query_params.get("before") or None
         runs, counts, cursor = await console.runs(query, before)
         return html(request, render.runs_page(query, runs, counts, cursor,
-                                              console.chrome(request),
-                                              first_page=before is None))
+                                              console.chrome(request), before=before))
 
     async def runs_live(request: Request) -> Response:
         query = _list_query(request)
-        runs, counts, cursor = await console.runs(query, None)
+        runs, counts, cursor = await console.runs(query, request.query_params.get("before"))
         return HTMLResponse(render.runs_fragment(query, runs, counts, cursor))
 
     async def run_page(request: Request) -> Response:

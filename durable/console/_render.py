@@ -119,12 +119,12 @@ class ListQuery:
 
 
 def runs_page(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int],
-              next_cursor: str | None, chrome: Chrome, *, first_page: bool) -> str:
+              next_cursor: str | None, chrome: Chrome, *, before: str | None) -> str:
+    """The runs list; its table refreshes itself in place (the same page: ``before`` kept)."""
+    live = "/runs/live?" + query.params(before=before)
     body = f"""<h1>Runs</h1>
 {filters_form(query)}
-<section class="live" data-poll="/runs/live?{attr(query.params(
-        before=None))}" data-poll-interval="2000" data-poll-name="runs"{
-        "" if first_page else ' data-poll-paused="1"'}>
+<section class="live" data-poll="{attr(live)}" data-poll-interval="2000" data-poll-name="runs">
 {runs_fragment(query, runs, counts, next_cursor)}
 </section>"""
     return page("Runs", body, chrome)
@@ -200,11 +200,10 @@ class RunDetail:
 
 def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
     run = detail.run
-    final = ' data-poll-paused="1"' if run.state.finished else ""
     body = f"""<p class="crumbs"><a href="/runs">runs</a> / {text(run.id)}</p>
 <h1>{text(run.workflow)} <small>{text(run.id)}</small></h1>
 <section class="live" data-poll="/runs/{attr(run.id)}/live" data-poll-interval="1000"
- data-poll-name="run"{final}>
+ data-poll-name="run">
 {run_fragment(detail)}
 </section>
 {actions(detail, chrome)}"""
