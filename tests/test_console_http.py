@@ -186,11 +186,11 @@ async def test_runs_list_filters_counts_and_cursor(client: durable.Client,
         older = re.search(r'rel="next" href="([^"]+)"', html)
         assert older
         second = (await http.get(older.group(1).replace("&amp;", "&"))).text
-        assert "ok-04" in second and "ok-05" not in second
+        assert 'data-run-id="ok-04"' in second and 'data-run-id="ok-05"' not in second
         live = re.search(r'data-poll="([^"]+)"', second)
         assert live  # the second page refreshes itself in place, not into the first page
         refreshed = (await http.get(live.group(1).replace("&amp;", "&"))).text
-        assert "ok-04" in refreshed and "ok-05" not in refreshed
+        assert 'data-run-id="ok-04"' in refreshed and 'data-run-id="ok-05"' not in refreshed
         assert 'class="delayed"' in html and "data-countdown" in html
         bad = await http.get("/runs", params={"since": "yesterday-ish"})
         assert bad.status_code == 400 and "not a time" in bad.text
