@@ -411,14 +411,16 @@ def test_step_anchor_is_scrolled_to_and_highlighted_across_rerenders(
 
 
 @pytest.mark.parametrize("site", ["asyncio", "trio"], indirect=True)
-def test_final_answers_stop_polling(page: Any, site: Site) -> None:
+def test_final_answers_stop_polling_and_paused_pollers_never_poll(page: Any, site: Site) -> None:
     from playwright.sync_api import expect
 
     site.final_after["fin"] = 3
     site.statuses["done"] = {"status": "completed", "run_id": "r3", "workflow": "w",
                              "key": "k", "reason": None}
+    paused = ('<section data-poll="/frag/paused" data-poll-interval="150" '
+              'data-poll-name="paused" data-poll-paused="1">rendered final</section>')
     site.pages["p"] = html(fragment_poller("fin", 150) + fragment_poller("healthy", 150)
-                           + status_poller("done", 150))
+                           + status_poller("done", 150) + paused)
     page.goto(site.url + "/page/p")
     wait_poller(page, "fin", "p.stopped")
     wait_poller(page, "done", "p.stopped")
@@ -430,6 +432,7 @@ def test_final_answers_stop_polling(page: Any, site: Site) -> None:
     wait_poller(page, "healthy", f"p.successes >= {seen + 8}")  # over a second of polling
     assert site.counts["fin"] == 3
     assert site.counts["done"] == 1
+    assert site.counts["paused"] == 0  # rendered final by the server: never polled
     expect(page.locator("#freshness")).to_contain_text("live · updated")
 
 

@@ -4,7 +4,11 @@
 // data-status (JSON run status). Every request has a timeout, failures back off, and a poller
 // stops at a final answer. The banner is driven by a registry of failing pollers; one global
 // ticker redraws countdowns, "ago" times and the freshness line. Re-renders create no timers
-// and no listeners. The contract: the console's docs (console_contract).
+// and no listeners. Markup it reads: <body data-poll-timeout data-fail-threshold>, #banner,
+// #freshness, [data-poll] / [data-status] with data-poll-interval, data-poll-timeout,
+// data-poll-name, data-poll-paused="1" (never polled); [data-countdown], [data-ago] (epoch
+// seconds); #step-N targets. Pollers inside a re-rendered fragment are attached and dropped
+// with it. The server answers 2xx (an unknown status too) and may send X-Durable-Final: 1.
 (function () {
   "use strict";
 
@@ -63,7 +67,8 @@
       this.lastSuccess = null; // ms epoch of the last good answer
       this.timer = null; // the one pending setTimeout of this poller, if any
       this.inFlight = null; // the running poll's promise: at most one request at a time
-      this.stopped = false;
+      // data-poll-paused="1": rendered final by the server (or not the live first page)
+      this.stopped = el.getAttribute("data-poll-paused") === "1";
     }
 
     schedule(delay) {
@@ -193,7 +198,7 @@
       for (let n = 2; pollers.some((p) => p.name === name); n++) name = base + "#" + n;
       const p = new Poller(el, kind, name);
       pollers.push(p);
-      p.poll();
+      if (!p.stopped) p.poll();
     });
   }
 
