@@ -55,4 +55,15 @@ worker=""
 [ "$state" = completed ] || { echo "smoke-1 is $state, not completed"; cat "$work/worker.log"; exit 1; }
 "$py" -m durable show smoke-1 --db "$db" | tee "$work/show.txt"
 grep -q "hello wheel" "$work/show.txt"
+# the console's assets ship in the wheel; without the console extra it says what to install
+"$py" - <<'PY'
+import importlib.resources as r
+static = r.files("durable.console") / "static"
+assert (static / "console.js").is_file() and (static / "console.css").is_file(), "no assets"
+PY
+if "$py" -m durable console --db "$db" --bind 127.0.0.1:0 2>"$work/console.err"; then
+  echo "the console ran without its extra"; exit 1
+fi
+grep -q "needs the console extra" "$work/console.err" || { cat "$work/console.err"; exit 1; }
+[ "$(wc -l < "$work/console.err")" -eq 1 ] || { cat "$work/console.err"; exit 1; }
 echo "wheel smoke: ok"
