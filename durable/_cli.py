@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import importlib
 import importlib.util
 import json
 import os
 import signal
+import socket
 import sys
 import traceback
 from collections.abc import Sequence
@@ -229,9 +231,18 @@ async def _follow_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cli_origin() -> dict[str, Any]:
+    """Where an operator action from the command line came from, journaled with it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    return {"via": "cli", "user": user, "host": socket.gethostname(), "pid": os.getpid()}
+
+
 async def _cmd_cancel(args: argparse.Namespace) -> int:
     async with Client.connect(args.db, create=False) as client:
-        run = await client.cancel(args.id)
+        run = await client.cancel(args.id, origin=_cli_origin())
     if run.state.finished:
         print(f"{run.id} cancelled before it started")
     else:
@@ -245,7 +256,8 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
     async with Client.connect(args.db, create=False) as client:
         entries = await client.journal(args.id)
         try:
-            run = await client.replay(args.id, from_step=args.from_step, in_doubt=policy)
+            run = await client.replay(args.id, from_step=args.from_step, in_doubt=policy,
+                                      origin=_cli_origin())
         except ConfigError as exc:
             raise ConfigError(str(exc).replace("from_step", "--from-step")) from exc
     print(describe_replay(run.id, entries, args.from_step, policy))

@@ -104,3 +104,17 @@ def test_list_filters_by_time_and_id_prefix_like_the_console(tmp_path: Path, db:
     assert len(json.loads(everything.stdout)) == 3
     bad = durable("list", "--db", db, "--since", "soon", cwd=tmp_path)
     assert bad.returncode == 2 and "--since 'soon' is not a time" in bad.stderr
+
+
+def test_cli_actions_are_journaled_with_their_origin(tmp_path: Path, db: str) -> None:
+    assert durable("start", "cli.hello", '"x"', "--id", "later", "--import", "tests.cliflows",
+                   "--delay", "600", "--db", db, cwd=tmp_path).returncode == 0
+    assert durable("cancel", "later", "--db", db, cwd=tmp_path).returncode == 0
+    assert durable("replay", "later", "--db", db, cwd=tmp_path).returncode == 0
+    journal = json.loads(durable("show", "later", "--json", "--db", db, cwd=tmp_path).stdout)
+    origins = {e["kind"]: e["data"]["origin"] for e in journal["journal"]
+               if "origin" in e["data"]}
+    assert set(origins) == {"run_cancelled", "run_replayed"}
+    for origin in origins.values():
+        assert origin["via"] == "cli" and origin["host"] == socket.gethostname()
+        assert origin["user"]
