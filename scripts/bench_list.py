@@ -164,11 +164,53 @@ async def measure(size: int, repeats: int, folder: Path, want_plans: bool
     return figures, plans
 
 
+CONSOLE_PATHS = [
+    ("GET /runs (first page, counts)", "/runs"),
+    ("GET /runs?state=failed", "/runs?state=failed"),
+    ("GET /runs?workflow&key", "/runs?workflow=wf.3&key=slot-42"),
+    ("GET /runs/live (the 2 s refresh)", "/runs/live"),
+    ("GET /api/runs?q=<prefix>", "/api/runs?q=run-ab"),
+    ("GET /api/status?workflow&key", "/api/status?workflow=wf.3&key=slot-42"),
+]
+
+
+async def measure_console(size: int, repeats: int, folder: Path) -> dict[str, float]:
+    """The console's pages over real HTTP on loopback (Hypercorn, httpx), at ``size`` runs."""
+    import httpx
+
+    from durable import Client
+    from durable.console import bind_socket, create_app, serve
+
+    path = folder / f"list-{size}.db"
+    store = SqliteStore(str(path), clock=FakeClock(START + size))
+    await store.open()
+    figures: dict[str, float] = {}
+    try:
+        sock = bind_socket("127.0.0.1", 0)
+        app = create_app(Client(store))
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve, app, sock)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                for name, target in CONSOLE_PATHS:
+                    async def call(t: str = target) -> object:
+                        response = await http.get(t)
+                        response.raise_for_status()
+                        return response
+                    figures[name] = await median_ms(call, repeats)
+            tg.cancel_scope.cancel()
+    finally:
+        await store.aclose()
+    return figures
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,100000",
                         help="numbers of runs, comma-separated (default 1000,100000)")
     parser.add_argument("--repeats", type=int, default=21, help="timed calls per shape")
+    parser.add_argument("--console", action="store_true",
+                        help="also time the console's pages over HTTP (needs the console "
+                             "extra)")
     parser.add_argument("--plans", action="store_true",
                         help="print each shape's query plan (at the largest size)")
     args = parser.parse_args()
@@ -189,6 +231,8 @@ async def main() -> int:
             results[size], found = await measure(size, args.repeats, Path(tmp),
                                                  args.plans and size == max(sizes))
             plans = found or plans
+            if args.console:
+                results[size].update(await measure_console(size, args.repeats, Path(tmp)))
     print(f"SQLite {sqlite3.sqlite_version}, limit {LIMIT}, median of {args.repeats} "
           "calls, ms")
     names = list(results[sizes[0]])

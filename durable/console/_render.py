@@ -159,7 +159,7 @@ def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, in
     for run in runs:
         rows.append(
             f'<tr class="run state-{run.state.value}" data-run-id="{attr(run.id)}">'
-            f'<td><a href="/runs/{attr(run.id)}">{text(run.id)}</a></td>'
+            f'<td class="id"><a href="/runs/{attr(run.id)}">{text(run.id)}</a></td>'
             f"<td>{text(run.workflow)}</td><td>{text(run.key or '-')}</td>"
             f"<td>{badge(run.state.value)}{_delayed(run)}</td><td>{run.attempt}</td>"
             f"<td>{when(run.created_at)}</td><td>{when(run.updated_at)}</td>"
@@ -275,7 +275,8 @@ def progress_bar(p: Progress | None) -> str:
            f'role="img" aria-label="{p.done} of {p.total} items done">'
            '<rect class="track" x="0" y="0" width="100" height="6"></rect>'
            + "".join(bars) + "</svg>")
-    labels = " · ".join(f"{count} {name.replace('_', ' ')}" for name, count in parts)
+    labels = " · ".join(f"{count} {name.replace('_', ' ')}" for name, count in parts
+                        if name != "done")
     return (f'<section class="progress"><h2>Items</h2>'
             f"{svg}"
             f'<p class="progress-text"><b>{p.done} of {p.total} done</b> · {labels} · '
@@ -418,7 +419,7 @@ def records_block(d: RunDetail) -> str:
                     f"<td>{value}</td><td>{now}</td></tr>")
     return ('<section class="records"><h2>Records this run wrote</h2><table>'
             "<tr><th>namespace</th><th>key</th><th>written under epoch</th><th>value now</th>"
-            "<th></th></tr>" + "".join(rows) + "</table></section>")
+            "<th>since</th></tr>" + "".join(rows) + "</table></section>")
 
 
 def journal_block(d: RunDetail) -> str:
