@@ -1,7 +1,7 @@
 """The browser test rig: Debian's chromium driven by Playwright (sync API), and servers for it.
 
 Use it from a test module with ``pytest_plugins = ["tests.browser"]``; the ``browser``
-(session) and ``page`` (one fresh context per test) fixtures are then available. Browser tests
+(module) and ``page`` (one fresh context per test) fixtures are then available. Browser tests
 are plain sync tests: Playwright's sync API cannot run inside an event loop, so the server
 under test runs elsewhere, either in a background thread (:func:`serving_asgi`, on asyncio or
 trio) or as a real subprocess (:func:`serving_process`).
@@ -55,9 +55,13 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless Debian chromium through Playwright, one for the session."""
+    """Headless Debian chromium through Playwright, one per test module.
+
+    Not one per session: Playwright's sync API keeps an asyncio loop on the main thread while
+    it runs, and the anyio tests of the next module could not start theirs ("Cannot run the
+    event loop while another loop is running")."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
