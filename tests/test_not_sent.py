@@ -69,7 +69,8 @@ async def run_on(store: FlakyStore) -> tuple[durable.Run, list[int], list[str]]:
     await store.open()
     try:
         client = durable.Client(store, registry=registry)
-        async with running_worker(client, registry, lease=5) as worker:
+        # a lease long enough that a loaded machine cannot let it lapse during the retries
+        async with running_worker(client, registry, lease=15) as worker:
             await client.start("ns.flow", id="r1")
             with anyio.fail_after(20):  # a bounded poll
                 while not (run := await client.get("r1")).state.finished and (
