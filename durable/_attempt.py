@@ -46,6 +46,7 @@ from ._history import History
 from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease
 from ._logging import get_logger, redact
+from ._pool import LOG_EXTENSION, WorkerTransport
 from ._steps import Steps, describe, refuse_unknown
 from ._types import JSON, EntryKind, Fence, JournalWrite, Run, RunState, dumps
 
@@ -58,6 +59,9 @@ CLEANUP_TIMEOUT = 10.0
 
 WRITE_TIMEOUT = 10.0
 """Seconds a journal write may take; it is shielded, so a stop waits for its outcome."""
+
+OWN_CONNECTIONS = 16
+"""Requests in flight per host for an attempt that has no worker's transport."""
 
 ACTIVITY_CLEANUP_TIMEOUT = 5.0
 """Default seconds of ``ctx.cleanup()`` in an activity (bounded by the lease too)."""
@@ -110,7 +114,7 @@ class Attempt:
         self.console_url = console_url
         self._deferred: list[JournalWrite] = []
         self._transport = transport
-        self._own_transport: httpx.AsyncHTTPTransport | None = None
+        self._own_transport: WorkerTransport | None = None
         self._worker_id = worker_id
         self.log = get_logger("durable.attempt", workflow_id=run.id, workflow=run.workflow,
                               attempt=run.attempt, epoch=run.epoch)
@@ -250,11 +254,13 @@ class Attempt:
                 attempt.log.warning("request_refused", method=request.method,
                                     url=redact(str(request.url)), step=ctx.step)
                 raise attempt.refusal()
+            request.extensions[LOG_EXTENSION] = log  # the pool's wait warning names the step
 
+        log = self.log.bind(step=ctx.step)
         transport = self._transport
-        if transport is None:
+        if transport is None:  # an attempt run without a worker: a pool of its own
             if self._own_transport is None:
-                self._own_transport = httpx.AsyncHTTPTransport()
+                self._own_transport = WorkerTransport(OWN_CONNECTIONS)
             transport = self._own_transport
         return HttpClient(
             transport=transport,

@@ -15,6 +15,7 @@ from . import _clock
 from ._attempt import Attempt
 from ._errors import ConfigError, StoreError
 from ._logging import get_logger
+from ._pool import WorkerTransport
 from ._registry import Registry, default_registry
 from ._types import Fence, Run
 from .store import Store
@@ -31,6 +32,9 @@ class Worker:
     - Sweeps for runs whose lease expired (crashed workers) every ``sweep_interval``.
     - :meth:`shutdown` stops claiming, waits ``grace`` seconds, then cancels the attempts
       still running, journals that they were interrupted and gives their runs back at once.
+    - ``ctx.http`` goes through one pool per worker allowing ``http_connections`` requests
+      in flight per host (default ``concurrency``); a request beyond that waits for a slot
+      and the wait is logged (``http_pool_wait``), since it counts against the step's timeout.
     """
 
     def __init__(
@@ -47,9 +51,12 @@ class Worker:
         worker_id: str | None = None,
         console_url: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        http_connections: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be at least 1")
+        if http_connections is not None and http_connections < 1:
+            raise ConfigError("http_connections must be at least 1")
         if lease <= 0 or poll_interval <= 0 or grace < 0:
             raise ConfigError("lease and poll interval must be positive, grace not negative")
         self.store = store
@@ -65,6 +72,9 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.console_url = console_url
         self._transport = transport
+        self.http_connections = http_connections or concurrency
+        """Requests in flight at once per host through ``ctx.http`` (:mod:`._pool`): one per
+        attempt by default; more wait for a slot, and the wait is logged."""
         self.active: dict[Fence, Attempt] = {}
         """The attempts running here, by their fence: two attempts of one run (an older one
         still unwinding after it lost its lease, and the newer claim) are both counted, and
@@ -96,7 +106,7 @@ class Worker:
 
     # -- main --------------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        transport = self._transport or httpx.AsyncHTTPTransport()
+        transport = self._transport or WorkerTransport(self.http_connections)
         try:
             async with anyio.create_task_group() as service:
                 service.start_soon(self._heartbeat_loop)

@@ -1,0 +1,150 @@
+"""The worker's HTTP connection pool: sized by the worker, per host, and waits said out loud.
+
+httpx's default transport allows 100 connections in all, and httpcore assigns queued
+requests to connections with scans over every connection and every queued request on each
+request and each response (quadratic at a thousand): 1,000 concurrent requests through one
+default transport sent nothing for 7.5 s, then at most 100 at a time.
+
+:class:`WorkerTransport` keeps, for each origin (scheme, host, port), a limit of
+``connections_per_host`` requests in flight (the worker's ``concurrency`` by default: one
+request per attempt at a time) spread over small httpcore pools (*shards*) of at most
+:data:`SHARD_SIZE` connections each, so each pool's scans stay short. A request picks the
+shard with the fewest requests in flight; when the host's limit is reached it waits for a
+slot, and that wait is logged (``http_pool_wait``: how long, which host) because it counts
+against the step's timeout. The wait is bounded by the request's ``pool`` timeout
+(:class:`httpx.PoolTimeout`), as httpx's own pool does.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+
+from ._logging import get_logger, redact
+
+SHARD_SIZE = 32
+"""Connections per httpcore pool: small enough that its per-request scans stay cheap."""
+
+LOG_EXTENSION = "durable.log"
+"""Request extension carrying the attempt's bound logger (for the pool-wait warning)."""
+
+_log = get_logger("durable.http")
+
+
+class _Host:
+    """The pools and the in-flight limit of one origin."""
+
+    def __init__(self, limit: int, make: Any) -> None:
+        self.limit = limit
+        self.slots = anyio.Semaphore(limit)
+        count = max(1, -(-limit // SHARD_SIZE))
+        size = -(-limit // count)
+        self.shards: list[httpx.AsyncHTTPTransport] = [make(size) for _ in range(count)]
+        self.in_flight = [0] * count
+        self.waits = 0
+
+
+class _Released(httpx.AsyncByteStream):
+    """A response body that gives its slot back when it is closed (once)."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, host: _Host, shard: int) -> None:
+        self._stream = stream
+        self._host: _Host | None = host
+        self._shard = shard
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self._stream:
+            yield part
+
+    def _release(self) -> None:
+        host, self._host = self._host, None
+        if host is not None:
+            host.in_flight[self._shard] -= 1
+            host.slots.release()
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            self._release()
+
+
+class WorkerTransport(httpx.AsyncBaseTransport):
+    """An httpx transport whose pools are sized per host; see the module's docstring."""
+
+    def __init__(self, connections_per_host: int, *,
+                 verify: ssl.SSLContext | bool = True) -> None:
+        if connections_per_host < 1:
+            raise ValueError("connections_per_host must be at least 1")
+        self.connections_per_host = connections_per_host
+        # one SSL context for every pool, made here (building one takes ~30 ms, which the
+        # first request would otherwise wait for)
+        self._ssl = verify if isinstance(verify, ssl.SSLContext) else \
+            httpx.create_ssl_context(verify=verify)
+        self._hosts: dict[tuple[bytes, bytes, int | None], _Host] = {}
+
+    def _make(self, size: int) -> httpx.AsyncHTTPTransport:
+        return httpx.AsyncHTTPTransport(
+            verify=self._ssl,
+            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size))
+
+    def _host(self, url: httpx.URL) -> _Host:
+        key = (url.raw_scheme, url.raw_host, url.port)
+        host = self._hosts.get(key)
+        if host is None:
+            host = self._hosts[key] = _Host(self.connections_per_host, self._make)
+        return host
+
+    @property
+    def waits(self) -> int:
+        """How many requests waited for a slot (all hosts), since the transport was made."""
+        return sum(h.waits for h in self._hosts.values())
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host = self._host(request.url)
+        if host.slots.value == 0:
+            await self._wait(host, request)
+        else:
+            host.slots.acquire_nowait()
+        shard = min(range(len(host.in_flight)), key=host.in_flight.__getitem__)
+        host.in_flight[shard] += 1
+        try:
+            response = await host.shards[shard].handle_async_request(request)
+        except BaseException:
+            host.in_flight[shard] -= 1
+            host.slots.release()
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(status_code=response.status_code, headers=response.headers,
+                              stream=_Released(response.stream, host, shard),
+                              extensions=response.extensions)
+
+    async def _wait(self, host: _Host, request: httpx.Request) -> None:
+        host.waits += 1
+        timeout = (request.extensions.get("timeout") or {}).get("pool")
+        started = anyio.current_time()
+        with anyio.move_on_after(float("inf") if timeout is None else timeout) as scope:
+            await host.slots.acquire()
+        waited = anyio.current_time() - started
+        log = request.extensions.get(LOG_EXTENSION) or _log
+        target = redact(f"{request.url.scheme}://{request.url.netloc.decode()}")
+        if scope.cancelled_caught:
+            log.warning("http_pool_wait", host=target, waited=round(waited, 3),
+                        limit=host.limit, outcome="pool timeout")
+            raise httpx.PoolTimeout(
+                f"waited {waited:.1f} s for a connection to {target}: all "
+                f"{host.limit} connections per host were in use (Worker http_connections)",
+                request=request)
+        log.warning("http_pool_wait", host=target, waited=round(waited, 3), limit=host.limit,
+                    note="the wait counts against the step's timeout; raise the worker's "
+                         "http_connections to avoid it")
+
+    async def aclose(self) -> None:
+        hosts, self._hosts = list(self._hosts.values()), {}
+        for host in hosts:
+            for shard in host.shards:
+                await shard.aclose()

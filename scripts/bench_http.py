@@ -1,0 +1,333 @@
+"""Concurrent HTTP steps: N runs, each one step awaiting ``ctx.http.get`` on a loopback server.
+
+The server (this script with ``--serve``, in its own process, asyncio streams) holds every
+``/slow`` request until N of them are in flight at once, or until no new request has come
+for ``--hold`` seconds, then answers them all; it records each request's arrival on
+``time.monotonic()`` (CLOCK_MONOTONIC: one clock for every process of the host) and the
+peak number in flight.
+
+Two columns, measured one after the other in the same run, each on a fresh SQLite store
+and one worker with ``concurrency=N``:
+
+- **worker pool**: the worker's own transport (:class:`durable._pool.WorkerTransport`:
+  ``http_connections`` per host, default the concurrency, over small httpcore pools);
+- **httpx default**: the same worker given ``transport=httpx.AsyncHTTPTransport()``, httpx's
+  default limits (100 connections, one httpcore pool): the baseline.
+
+Printed for each: requests in flight at peak, the first and last arrival after the claim
+returned (the worker claims all N in one statement), when the last run finished, and how
+many pool waits the engine logged (``http_pool_wait``). Targets: all N in flight at once,
+the first within 100 ms of the claim and the last within 1 s, with the worker pool.
+
+    PYTHONPATH=. python scripts/bench_http.py              # 1,000 runs, both columns
+    PYTHONPATH=. python scripts/bench_http.py --runs 50 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import durable  # noqa: E402
+
+REGISTRY = durable.Registry()
+TARGET_FIRST_MS = 100.0
+TARGET_LAST_MS = 1000.0
+
+
+# -- the loopback server (its own process) -----------------------------------------------
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+
+
+class Server:
+    """Counts and holds ``/slow`` requests; a plain asyncio protocol, so that accepting and
+    parsing a thousand connections costs the server little (the figures are the client's)."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.expect = 1
+        self.arrivals: list[float] = []
+        self.held: list[asyncio.Transport] = []
+        self.peak = 0
+        self.last = 0.0
+
+    def answer_held(self) -> None:
+        held, self.held = self.held, []
+        body = b'{"ok": true}'
+        for transport in held:
+            if not transport.is_closing():
+                transport.write(RESPONSE % (len(body), body))
+
+    async def quiet_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.02)
+            if self.held and time.monotonic() - self.last >= self.hold:
+                self.answer_held()
+
+    def request(self, target: str, transport: asyncio.Transport) -> None:
+        if target.startswith("/slow"):
+            now = time.monotonic()
+            self.arrivals.append(now)
+            self.last = now
+            self.held.append(transport)
+            self.peak = max(self.peak, len(self.held))
+            if len(self.held) >= self.expect:
+                self.answer_held()
+            return
+        if target.startswith("/reset"):
+            self.expect = int(target.rsplit("=", 1)[1])
+            self.arrivals, self.peak = [], 0
+            body = b"{}"
+        else:
+            body = json.dumps({"arrivals": self.arrivals, "peak": self.peak}).encode()
+        transport.write(RESPONSE % (len(body), body))
+
+
+class _Connection(asyncio.Protocol):
+    """HTTP/1.1 requests without bodies (GET), kept alive."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while b"\r\n\r\n" in self.buffer:
+            head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+            assert self.transport is not None
+            self.server.request(head.split(b" ", 2)[1].decode(), self.transport)
+
+
+async def serve(hold: float) -> None:
+    server = Server(hold)
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(lambda: _Connection(server), "127.0.0.1", 0,
+                                        backlog=4096)
+    port = listener.sockets[0].getsockname()[1]
+    print(port, flush=True)
+    quiet = asyncio.ensure_future(server.quiet_loop())
+    try:
+        await loop.run_in_executor(None, sys.stdin.read)  # until the benchmark closes stdin
+    finally:
+        quiet.cancel()
+        listener.close()
+
+
+@contextlib.contextmanager
+def server_process(hold: float) -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", "--hold", str(hold)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the workload ------------------------------------------------------------------------
+@durable.activity(name="bench_http.get", registry=REGISTRY,
+                  retry=durable.RetryPolicy(max_tries=1))
+async def get(ctx: durable.ActivityContext, url: str) -> int:
+    response = await ctx.http.get(url)
+    return response.status_code
+
+
+@durable.workflow("bench_http.one", registry=REGISTRY)
+async def one_request(ctx: Any, url: str) -> int:
+    return int(await get(ctx, url))
+
+
+WARNINGS: collections.Counter[str] = collections.Counter()
+
+
+def _count(record: logging.LogRecord) -> bool:
+    event = str(getattr(record, "event", record.getMessage()))
+    WARNINGS[event] += 1
+    return WARNINGS[event] <= 3
+
+
+async def measure(base: str, runs: int, *, default_transport: bool,
+                  workdir: Path, timeout: float) -> dict[str, Any]:
+    async with httpx.AsyncClient() as control:
+        await control.get(f"{base}/reset?n={runs}")
+    WARNINGS.clear()
+    url = f"sqlite:///{workdir / f'http-{uuid.uuid4().hex[:8]}.db'}"
+    store = durable.store_from_url(url)
+    await store.open()
+    transport = httpx.AsyncHTTPTransport() if default_transport else None
+    try:
+        client = durable.Client(store, registry=REGISTRY)
+        for i in range(runs):
+            await client.start(one_request, f"{base}/slow", id=f"http-{i:06d}")
+        claimed_at: list[float] = []
+        original_claim, original_finish = store.claim, store.finish
+        finished = 0
+        done = anyio.Event()
+        last_finish = 0.0
+
+        async def claim(*args: Any, **kwargs: Any) -> list[durable.Run]:
+            got = await original_claim(*args, **kwargs)
+            if got and not claimed_at:
+                claimed_at.append(time.monotonic())
+            return got
+
+        async def finish(*args: Any, **kwargs: Any) -> bool:
+            nonlocal finished, last_finish
+            ok = await original_finish(*args, **kwargs)
+            finished += 1
+            last_finish = time.monotonic()
+            if finished >= runs:
+                done.set()
+            return ok
+
+        store.claim = claim  # type: ignore[method-assign]
+        store.finish = finish  # type: ignore[method-assign]
+        worker = durable.Worker(store, registry=REGISTRY, concurrency=runs,
+                                poll_interval=0.05, transport=transport)
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            with anyio.move_on_after(timeout):
+                await done.wait()
+            worker.shutdown(grace=0)
+        completed = (await store.count_runs()).get(durable.RunState.COMPLETED, 0)
+    finally:
+        await store.aclose()
+        if transport is not None:
+            await transport.aclose()
+    async with httpx.AsyncClient() as control:
+        stats = (await control.get(f"{base}/stats")).json()
+    arrivals = sorted(stats["arrivals"])
+    t0 = claimed_at[0] if claimed_at else float("nan")
+    return {
+        "runs": runs,
+        "completed": completed,
+        "requests": len(arrivals),
+        "peak_in_flight": stats["peak"],
+        "first_ms": 1000 * (arrivals[0] - t0) if arrivals else None,
+        "last_ms": 1000 * (arrivals[-1] - t0) if arrivals else None,
+        "finished_s": (last_finish - t0) if finished else None,
+        "pool_waits_logged": WARNINGS["http_pool_wait"],
+    }
+
+
+def met(row: dict[str, Any]) -> bool:
+    return (row["peak_in_flight"] >= row["runs"] and row["first_ms"] is not None
+            and row["first_ms"] <= TARGET_FIRST_MS and row["last_ms"] <= TARGET_LAST_MS)
+
+
+def fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def report_text(report: dict[str, Any]) -> str:
+    pool, base = report["worker_pool"], report["httpx_default"]
+    lines = [
+        f"durable HTTP benchmark, {report['when']}: {report['cpus']} CPUs, Python "
+        f"{report['python']}, httpx {report['httpx']}, httpcore {report['httpcore']}",
+        f"{report['runs']} runs, one step each awaiting ctx.http.get(loopback /slow); the "
+        f"server holds each request until {report['runs']} are in flight or "
+        f"{report['hold']:g} s pass without a new one",
+        "",
+        f"{'':44}{'worker pool':>16}{'httpx default':>16}",
+    ]
+    rows = [
+        ("requests in flight at peak", "peak_in_flight", 0),
+        ("requests received", "requests", 0),
+        ("first request after the claim (ms)", "first_ms", 1),
+        ("last request after the claim (ms)", "last_ms", 1),
+        ("last run finished after the claim (s)", "finished_s", 2),
+        ("runs completed", "completed", 0),
+        ("pool waits logged (http_pool_wait)", "pool_waits_logged", 0),
+    ]
+    for label, key, digits in rows:
+        lines.append(f"  {label:42}{fmt(pool[key], digits):>16}{fmt(base[key], digits):>16}")
+    lines.append(f"targets (all {report['runs']} in flight, first <= {TARGET_FIRST_MS:g} ms, "
+                 f"last <= {TARGET_LAST_MS:g} ms after the claim)")
+    lines.append(f"  {'worker pool':42}{'met' if met(pool) else 'MISSED':>16}"
+                 f"{'met' if met(base) else 'MISSED':>16}")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="durable-bench-http-") as tmp, \
+            server_process(args.hold) as base:
+        workdir = Path(tmp)
+        pool = await measure(base, args.runs, default_transport=False, workdir=workdir,
+                             timeout=args.timeout)
+        default = await measure(base, args.runs, default_transport=True, workdir=workdir,
+                                timeout=args.timeout)
+    import httpcore
+    return {
+        "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": os.cpu_count(), "python": platform.python_version(),
+        "httpx": httpx.__version__, "httpcore": httpcore.__version__,
+        "backend": args.backend, "runs": args.runs, "hold": args.hold,
+        "worker_pool": pool, "httpx_default": default,
+        "targets_met": met(pool),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000, help="runs (default 1000)")
+    parser.add_argument("--hold", type=float, default=0.5,
+                        help="seconds the server waits for a new request before it answers "
+                             "the ones it holds (default 0.5)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds each column may take (default 120)")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        asyncio.run(serve(args.hold))
+        return 0
+    if args.runs < 1 or args.hold <= 0 or args.timeout <= 0:
+        print("bench_http: --runs, --hold and --timeout must be positive", file=sys.stderr)
+        return 2
+    durable.configure_logging(level="warning").addFilter(_count)
+    report = anyio.run(main_async, args, backend=args.backend)
+    print(json.dumps(report, indent=2) if args.json else report_text(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
