@@ -83,6 +83,8 @@ STEPS = 5
 TARGET_SEQUENTIAL = 2_000.0  # journaled steps/s, one run at a time
 TARGET_OVERHEAD_MS = 0.5  # per step, one run at a time
 TARGET_CONCURRENT = 5_000.0  # journaled steps/s across concurrent runs
+TARGET_RAW_SHARE = 0.15  # sequential steps/s over the raw single-thread commit rate
+TARGET_COMMITS_PER_STEP = 1.0  # sequential, one run at a time
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 STORES = ("sqlite", "postgres")
 ASYNCIO_ONLY = "n/a (asyncio only)"
@@ -566,6 +568,9 @@ async def bench_backend(args: argparse.Namespace, workdir: Path, backend: str,
             "store_thread_commits_per_s": thread_rate,
             "aiosqlite_commits_per_s": statistics.median(measured) if measured else None,
         })
+    # the raw single-thread commit rate of the same database (plain sqlite3, or psycopg)
+    raw = baselines.get("psycopg_commits_per_s" if pg is not None else "sqlite3_commits_per_s")
+    seq["raw_commit_share"] = seq["steps_per_s"] / raw if raw else None
     return {
         "store": store,
         "loop": backend,
@@ -576,6 +581,9 @@ async def bench_backend(args: argparse.Namespace, workdir: Path, backend: str,
             "sequential_steps_per_s": seq["steps_per_s"] >= TARGET_SEQUENTIAL,
             "sequential_overhead_ms": seq["overhead_ms_per_step"] <= TARGET_OVERHEAD_MS,
             "concurrent_steps_per_s": con["steps_per_s"] >= TARGET_CONCURRENT,
+            "sequential_raw_commit_share": (seq["raw_commit_share"] or 0) >= TARGET_RAW_SHARE,
+            "sequential_commits_per_step":
+                seq["commits_per_step"] <= TARGET_COMMITS_PER_STEP + 0.005,
         },
         "warnings": dict(WARNINGS - warnings_before),
     }
@@ -643,6 +651,9 @@ def render(report: dict[str, Any]) -> str:
         row("store jobs per step", lambda r: r[name]["db_jobs_per_step"], 2)
         row("  of which inline (no thread hop)", lambda r: r[name]["inline_jobs_per_step"], 2)
         row("commits per step", lambda r: r[name]["commits_per_step"], 2)
+        if name == "sequential":
+            row("steps/s as % of the raw commit rate",
+                lambda r: 100 * (r[name]["raw_commit_share"] or 0), 1)
         row("write jobs per commit", lambda r: r[name]["write_jobs_per_commit"], 1)
         row("starts/s", lambda r: r[name]["starts_per_s"])
         row("worker start-up (ms, not counted above)",
@@ -673,6 +684,12 @@ def render(report: dict[str, Any]) -> str:
     row("sequential steps/s", lambda r: r["targets"]["sequential_steps_per_s"])
     row("sequential per-step overhead", lambda r: r["targets"]["sequential_overhead_ms"])
     row("concurrent steps/s", lambda r: r["targets"]["concurrent_steps_per_s"])
+    lines.append(f"targets (sequential: <= {TARGET_COMMITS_PER_STEP:g} commit per step, steps/s "
+                 f">= {100 * TARGET_RAW_SHARE:.0f} % of the raw single-thread commit rate: "
+                 "plain sqlite3, or psycopg)")
+    row("sequential commits per step", lambda r: r["targets"]["sequential_commits_per_step"])
+    row("sequential share of raw commits",
+        lambda r: r["targets"]["sequential_raw_commit_share"])
     for head, fig in cols:
         warned = fig["warnings"] if isinstance(fig, dict) else {}
         if warned:
@@ -846,7 +863,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "targets": {"sequential_steps_per_s": TARGET_SEQUENTIAL,
                     "sequential_overhead_ms": TARGET_OVERHEAD_MS,
-                    "concurrent_steps_per_s": TARGET_CONCURRENT},
+                    "concurrent_steps_per_s": TARGET_CONCURRENT,
+                    "sequential_raw_commit_share": TARGET_RAW_SHARE,
+                    "sequential_commits_per_step": TARGET_COMMITS_PER_STEP},
         "backends": results,  # SQLite, by event loop
         "postgres": postgres,  # {"columns": {"asyncio": {...}, "trio": "n/a (asyncio only)"}}
         "skipped": skipped,
