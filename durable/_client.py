@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import anyio
 
+from . import _wake
 from ._clock import Clock
 from ._errors import (
     ConfigError,
@@ -99,6 +100,7 @@ class Client:
                 f"{dumps(arg_list)} and {_key_text(key)}); choose another id"
             )
         if created:
+            _wake.hub(self.store).work()  # this process's workers claim it now
             self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
         return run
 
@@ -182,14 +184,32 @@ class Client:
         return RecoveryReport.build(run, await self.store.journal(run_id), self.console_url)
 
     async def wait(self, run_id: str, *, timeout: float = 60.0,
-                   poll: float = 0.05) -> Run:
-        """Poll until the run is finished; TimeoutError after ``timeout`` seconds."""
+                   poll: float = 1.0) -> Run:
+        """The run once it is finished; TimeoutError after ``timeout`` seconds.
+
+        Woken, not polled: by this process's worker when one of its attempts ends, and by
+        the store's change signal for a worker in another process (SQLite: a look at
+        ``data_version`` every few milliseconds, no write; PostgreSQL: NOTIFY). ``poll`` is
+        only the fallback: the run is read again at least that often, so a lost signal
+        delays the answer and never hangs it (docs/design.md, "Nothing waits for a poll").
+        """
+        if poll <= 0:
+            raise ConfigError("poll must be positive")
+        finished = _wake.hub(self.store).finished
         with anyio.fail_after(timeout):
             while True:
+                seen = finished.generation  # before the read: a finish after it is seen
                 run = await self.get(run_id)
                 if run.state.finished:
                     return run
-                await anyio.sleep(poll)
+                async with anyio.create_task_group() as either:
+                    either.start_soon(_first, either, finished.wait, seen)
+                    if self.store.pushes_changes:
+                        either.start_soon(_first, either, self.store.wait_for_finished,
+                                          run_id, poll)
+                    with anyio.move_on_after(poll):
+                        await anyio.sleep_forever()
+                    either.cancel_scope.cancel()
 
     # -- operator actions ----------------------------------------------------------------------
     async def cancel(self, run_id: str, *, origin: Mapping[str, JSON] | None = None) -> Run:
@@ -206,6 +226,11 @@ class Client:
         if cancelled is None:
             run = await self.get(run_id)
             raise InvalidStateError(f"run {run_id} is {run.state.value}; nothing to cancel")
+        signals = _wake.hub(self.store)
+        if cancelled.state.finished:  # a queued run ends at once
+            signals.finished.fire()
+        else:  # the attempt holding it, if it runs in this process, stops now
+            signals.cancel(run_id)
         self.log.info("run_cancel_requested", workflow_id=run_id, state=cancelled.state.value)
         return cancelled
 
@@ -235,9 +260,16 @@ class Client:
         queued = await self.store.requeue(run_id, from_step, in_doubt, by=by)
         if queued is None:
             raise InvalidStateError(f"run {run_id} changed state meanwhile; look again")
+        _wake.hub(self.store).work()
         self.log.info("run_replayed", workflow_id=run_id, from_step=from_step,
                       in_doubt=in_doubt)
         return queued
+
+
+async def _first(group: anyio.abc.TaskGroup, wait: Any, *args: Any) -> None:
+    """Await ``wait(*args)``, then end the group: the first of several waits wins."""
+    await wait(*args)
+    group.cancel_scope.cancel()
 
 
 def _state(state: RunState | str | None) -> RunState | None:

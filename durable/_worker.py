@@ -11,7 +11,7 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
-from . import _clock
+from . import _clock, _wake
 from ._attempt import Attempt
 from ._errors import ConfigError, StoreError
 from ._logging import get_logger
@@ -19,6 +19,9 @@ from ._pool import WorkerTransport
 from ._registry import Registry, default_registry
 from ._types import Fence, Run
 from .store import Store
+
+CANCEL_CHECK_GAP = 0.005
+"""Seconds between two reads of the held runs' cancel flags after change signals."""
 
 
 class Worker:
@@ -104,6 +107,13 @@ class Worker:
         """Look for work now rather than at the next poll."""
         self._wake.set()
 
+    def cancel_local(self, run_id: str) -> None:
+        """An operator cancel of ``run_id`` committed in this process (:mod:`._wake`): stop
+        the attempt holding it now, as the next renewal would."""
+        for attempt in list(self.active.values()):
+            if attempt.run.id == run_id and not attempt.concluding:
+                attempt.stop("cancelled")
+
     # -- main --------------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         transport = self._transport or WorkerTransport(self.http_connections)
@@ -113,6 +123,7 @@ class Worker:
                 service.start_soon(self._sweep_loop)
                 service.start_soon(self._notify_loop)
                 async with anyio.create_task_group() as runs:
+                    _wake.hub(self.store).workers.add(self)
                     self.log.info("worker_started", concurrency=self.concurrency,
                                   lease=self.lease, store=type(self.store).__name__)
                     task_status.started()
@@ -125,6 +136,7 @@ class Worker:
                         attempt.stop("shutdown")
                 service.cancel_scope.cancel()
         finally:
+            _wake.hub(self.store).workers.discard(self)
             if self._transport is None:
                 with anyio.CancelScope(shield=True):
                     await transport.aclose()
@@ -181,6 +193,12 @@ class Worker:
                 del self.active[attempt.fence]
             self._changed.set()
             self._wake.set()
+            _wake.hub(self.store).finished.fire()  # this process's waiters, at once
+        try:  # other processes' waiters (PostgreSQL NOTIFY; a no-op where a commit signals)
+            with anyio.fail_after(1.0):
+                await self.store.notify_finished(attempt.run.id)
+        except (StoreError, TimeoutError):
+            pass  # they see it at their fallback poll
 
     # -- leases --------------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
@@ -219,21 +237,41 @@ class Worker:
                 attempt.stop("cancelled")
 
     async def _notify_loop(self) -> None:
-        """With a store that can push (PostgreSQL LISTEN/NOTIFY), wake at once for new work
-        and deliver an operator's cancel to the attempt without waiting for the next beat."""
-        wait_for_work = getattr(self.store, "wait_for_work", None)
-        if wait_for_work is None:
-            return  # SQLite: polling only
+        """With a store that signals changes (SQLite ``data_version``, PostgreSQL
+        LISTEN/NOTIFY), wake at once for new work, and deliver an operator's cancel to the
+        attempt without waiting for the next renewal: one read of the held runs' cancel
+        flags after a change, never a write (docs/design.md, "Nothing waits for a poll")."""
+        if not self.store.pushes_changes:
+            return  # polling only
+        checked = -CANCEL_CHECK_GAP
         while True:
             try:
-                await wait_for_work(30.0)
+                await self.store.wait_for_work(30.0)
             except StoreError as exc:
                 self.log.error("listen_failed", error=str(exc))
                 await anyio.sleep(self.poll_interval)
                 continue
             self._wake.set()
             if self.active:
-                await self.renew_now()
+                # a busy worker's own commits are changes too: one check per gap at most
+                await anyio.sleep(max(0.0, checked + CANCEL_CHECK_GAP - anyio.current_time()))
+                checked = anyio.current_time()
+                await self.check_cancels()
+
+    async def check_cancels(self) -> None:
+        """Stop the attempts whose run an operator cancelled (one read, no write)."""
+        attempts = [a for a in self.active.values()
+                    if a.stopping is None and not a.lost and not a.concluding]
+        if not attempts:
+            return
+        try:
+            flagged = await self.store.cancels_requested([a.run.id for a in attempts])
+        except StoreError as exc:
+            self.log.error("cancel_check_failed", error=str(exc))
+            return
+        for attempt in attempts:
+            if attempt.run.id in flagged:
+                attempt.stop("cancelled")
 
     async def _sweep_loop(self) -> None:
         while True:

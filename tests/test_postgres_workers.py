@@ -346,11 +346,11 @@ async def test_operator_cancel_reaches_the_in_flight_request_of_another_process(
     requested_at = journal[3]["at"]
     assert seen.disconnected_at is not None
     latency = seen.disconnected_at - requested_at
-    # Only a renewal reads the cancel flag. The periodic one comes every 20 s after the claim;
-    # this one came right after the cancel (NOTIFY woke the worker) and the last renewal
-    # recorded on the run is the one that found the flag.
+    # The periodic renewal comes every 20 s after the claim; NOTIFY woke the worker right
+    # after the cancel and it read the held runs' cancel flags: no renewal (no write) since
+    # the claim delivered it.
     assert 0 <= latency < 2.0, latency
-    assert requested_at <= run["heartbeat_at"] < claimed_at + HEARTBEAT
+    assert run["heartbeat_at"] is None or run["heartbeat_at"] < requested_at
     assert seen.disconnected_at < claimed_at + HEARTBEAT
     print(f"\ncancel ({anyio_backend}): request aborted {latency * 1000:.0f} ms after the "
           f"cancel was committed (next periodic renewal due "

@@ -15,6 +15,9 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
+
+from .. import _wake
 from .._clock import Clock
 from .._types import (
     JSON,
@@ -166,6 +169,58 @@ class Store(abc.ABC):
         (PostgreSQL without an injected clock: the server's). Compare stored times with
         this, never with the local wall clock."""
         return self.clock.now()
+
+    # -- change signals (durable/_wake.py; docs/design.md, "Nothing waits for a poll") ------
+    pushes_changes: bool = False
+    """Whether :meth:`wait_for_work` and :meth:`wait_for_finished` return on a change made
+    by another process (else they only wait out their timeout: plain polling)."""
+    _work_seen: object = None
+
+    def change_token(self) -> object | None:
+        """A value that differs after any other connection committed, read without a write
+        and cheaply (SQLite: ``PRAGMA data_version`` of a connection of its own); None when
+        the store has no such signal. The default waits below look at it."""
+        return None
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when work may be waiting for this process's worker (a run queued, a cancel
+        requested: something another process committed), or after ``timeout`` seconds.
+
+        Changes since the previous return are kept: the first call returns at once, so a
+        caller that claims after every return misses nothing. Meant for one waiting task
+        per store (the worker's). The default looks at :meth:`change_token`.
+        """
+        token = self.change_token()
+        if token is None:
+            await anyio.sleep(timeout)
+            return
+        self._work_seen = await _wake.until_changed(self.change_token, self._work_seen,
+                                                    timeout)
+
+    async def wait_for_finished(self, run_id: str, timeout: float) -> None:
+        """Return when the run may have finished (re-read it to know), or after ``timeout``
+        seconds; any number of tasks may wait at once. The default looks at
+        :meth:`change_token`."""
+        token = self.change_token()
+        if token is None:
+            await anyio.sleep(timeout)
+            return
+        await _wake.until_changed(self.change_token, token, timeout)
+
+    async def notify_finished(self, run_id: str) -> None:
+        """Tell other processes' :meth:`wait_for_finished` that the run finished (sent by
+        the worker after the finish committed; a no-op where a commit is the signal)."""
+        return None
+
+    async def cancels_requested(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these runs have an operator cancel pending: reads, never writes (a
+        worker asks after a change signal, instead of waiting for its next renewal)."""
+        flagged: set[str] = set()
+        for run_id in run_ids:
+            run = await self.get_run(run_id)
+            if run is not None and run.cancel_requested:
+                flagged.add(run_id)
+        return flagged
 
     # -- runs --------------------------------------------------------------------------------
     @abc.abstractmethod

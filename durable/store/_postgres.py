@@ -44,6 +44,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from .. import _wake
 from .._clock import Clock, WallClock
 from .._errors import (
     ConfigError,
@@ -91,6 +92,10 @@ Q = {name: query.replace("%(now)s", SERVER_NOW)
 CHANNEL = "durable_work"
 """The NOTIFY channel; the payload is the schema of the store that has work."""
 
+DONE_CHANNEL = "durable_done"
+"""The NOTIFY channel of finished runs (:meth:`PostgresStore.notify_finished`); the payload
+is ``<schema> <run id>``."""
+
 POOL_TIMEOUT = 10.0
 """Seconds to wait for a pooled connection before the store counts as unavailable."""
 
@@ -136,6 +141,10 @@ class PostgresStore(Store):
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._listener: psycopg.AsyncConnection[Any] | None = None
         self._listen_lock: anyio.Lock | None = None
+        self._done_listener: psycopg.AsyncConnection[Any] | None = None
+        self._done: _wake.Beacon | None = None
+        self._done_at: dict[str, int] = {}  # run id -> the beacon generation of its NOTIFY
+        self._done_reading = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def open(self) -> None:
@@ -183,9 +192,12 @@ class PostgresStore(Store):
     async def aclose(self) -> None:
         pool, self._pool = self._pool, None
         listener, self._listener = self._listener, None
+        done, self._done_listener = self._done_listener, None
         with anyio.CancelScope(shield=True):
             if listener is not None:
                 await listener.close()
+            if done is not None:
+                await done.close()
             if pool is not None:
                 await pool.close()
 
@@ -549,7 +561,80 @@ class PostgresStore(Store):
     async def list_records(self, namespace: str) -> list[Record]:
         return [_record(r) for r in await self._rows(Q["list_records"], {"namespace": namespace})]
 
-    # -- waking idle workers -------------------------------------------------------------------
+    # -- waking idle workers and waiting clients ----------------------------------------------
+    pushes_changes = True
+
+    async def notify_finished(self, run_id: str) -> None:
+        """NOTIFY ``durable_done`` with ``<schema> <run id>``: one statement per finished run
+        (not per tick), sent by the worker after the finish committed."""
+        async with self._connection() as conn:
+            try:
+                await conn.execute("SELECT pg_notify(%s, %s)",
+                                   (DONE_CHANNEL, f"{self.schema} {run_id}"))
+            except psycopg.Error as exc:
+                raise self._translate(exc) from exc
+
+    async def wait_for_finished(self, run_id: str, timeout: float) -> None:
+        """Return when a NOTIFY says the run finished, or after ``timeout`` seconds.
+
+        One listening connection per store serves every waiter: whichever waiter finds
+        nobody reading reads, and hands over when it leaves. The first call (and the first
+        after the connection was lost) subscribes and returns at once, so a caller that
+        re-reads the run after every return misses nothing.
+        """
+        if self._pool is None:
+            raise StoreError("the store is not open")
+        if self._done is None:
+            self._done = _wake.Beacon()
+        done = self._done
+        seen = done.generation
+        with anyio.move_on_after(timeout):
+            while self._done_at.get(run_id, -1) <= seen:
+                if self._done_reading:
+                    await done.wait(done.generation)
+                    continue
+                self._done_reading = True
+                try:
+                    if await self._read_done():
+                        return
+                finally:
+                    self._done_reading = False
+                    done.fire()  # another waiter reads from here on
+
+    async def _read_done(self) -> bool:
+        """Read finished-run notifications until one arrives; True when the caller must
+        re-read (a new subscription)."""
+        assert self._done is not None
+        listener = self._done_listener
+        if listener is None or listener.closed:
+            self._done_listener = await self._subscribe(DONE_CHANNEL)
+            if self._done_listener is None:
+                await anyio.sleep_forever()  # unreachable server: wait out the timeout
+            return True
+        prefix = f"{self.schema} "
+        try:
+            async with aclosing(listener.notifies()) as notifies:
+                async for notify in notifies:
+                    if notify.payload.startswith(prefix):
+                        if len(self._done_at) > 10_000:
+                            self._done_at.clear()
+                        self._done_at[notify.payload[len(prefix):]] = self._done.generation + 1
+                        self._done.fire()
+                        return False
+        except psycopg.Error:
+            self._done_listener = None
+            with anyio.CancelScope(shield=True):
+                await listener.close()
+        return True
+
+    async def cancels_requested(self, run_ids: Sequence[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        rows = await self._rows(
+            "SELECT id FROM durable_runs WHERE cancel_requested AND id = ANY(%(ids)s)",
+            {"ids": list(run_ids)})
+        return {str(r["id"]) for r in rows}
+
     async def wait_for_work(self, timeout: float) -> None:
         """Return when work may be waiting, or after ``timeout`` seconds at the latest.
 
@@ -584,7 +669,7 @@ class PostgresStore(Store):
                             await listener.close()
                 await anyio.sleep_forever()  # unreachable server: wait out the timeout
 
-    async def _subscribe(self) -> psycopg.AsyncConnection[Any] | None:
+    async def _subscribe(self, channel: str = CHANNEL) -> psycopg.AsyncConnection[Any] | None:
         try:
             # TCP keepalives turn a silently dead listening connection into an error, so
             # waiting falls back to polling and the next call subscribes again.
@@ -594,7 +679,7 @@ class PostgresStore(Store):
         except psycopg.Error:
             return None
         try:
-            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await conn.close()
