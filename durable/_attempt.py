@@ -47,8 +47,8 @@ from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease
 from ._logging import get_logger, redact
 from ._pool import LOG_EXTENSION, WorkerTransport
-from ._steps import Steps, describe, refuse_unknown
-from ._types import JSON, EntryKind, Fence, JournalWrite, Run, RunState, dumps
+from ._steps import Steps, check_journalable, describe, refuse_unknown
+from ._types import JSON, EntryKind, Fence, JournalWrite, Run, RunState
 
 if TYPE_CHECKING:
     from ._registry import Registry
@@ -345,7 +345,7 @@ class Attempt:
         if steps.doom is not None:
             return ("failed", steps.doom)
         refuse_unknown(result)
-        dumps(result, "the workflow's result")
+        check_journalable(result, "the workflow's result")
         return ("completed", result)
 
     async def _stale_read(self) -> StaleRecordError | None:

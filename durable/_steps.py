@@ -105,6 +105,20 @@ def refuse_unknown(value: Any) -> None:
         found._refuse()
 
 
+_RNG = random.Random()
+
+_SCALARS = (type(None), bool, int, str)
+
+
+def check_journalable(value: Any, what: str) -> None:
+    """Raise :class:`NotJsonError` if ``value`` cannot be journaled. The store encodes it
+    when it writes the entry; a scalar is checked by its type alone, so the common result is
+    not encoded twice."""
+    if type(value) in _SCALARS:
+        return
+    dumps(value, what)
+
+
 def _returns_none(fn: Callable[..., Any]) -> bool:
     annotation = inspect.signature(fn).return_annotation
     return annotation is None or annotation == "None"
@@ -122,7 +136,7 @@ class Steps:
         self._seq = 0
         self._used_keys: set[str] = set()
         self._open_unkeyed: str | None = None
-        self._rng = random.Random()
+        self._rng = _RNG  # retry jitter: one generator per process, not one seeded per run
 
     @property
     def run_id(self) -> str:
@@ -430,7 +444,7 @@ class Steps:
                 raise self._failure(view, act, view.tries_used, message,
                                     type(exc).__name__) from exc
             try:
-                dumps(result, f"the result of activity {act.name}")
+                check_journalable(result, f"the result of activity {act.name}")
             except NotJsonError as exc:
                 # a programming error, and the step's effect happened: never run it again
                 message = (f"its result cannot be journaled ({type(result).__name__} "
