@@ -199,6 +199,7 @@ class Client:
         with anyio.fail_after(timeout):
             while True:
                 seen = finished.generation  # before the read: a finish after it is seen
+                since = self.store.change_token()
                 run = await self.get(run_id)
                 if run.state.finished:
                     return run
@@ -206,7 +207,7 @@ class Client:
                     either.start_soon(_first, either, finished.wait, seen)
                     if self.store.pushes_changes:
                         either.start_soon(_first, either, self.store.wait_for_finished,
-                                          run_id, poll)
+                                          run_id, poll, since)
                     with anyio.move_on_after(poll):
                         await anyio.sleep_forever()
                     either.cancel_scope.cancel()

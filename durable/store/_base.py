@@ -197,11 +197,13 @@ class Store(abc.ABC):
         self._work_seen = await _wake.until_changed(self.change_token, self._work_seen,
                                                     timeout)
 
-    async def wait_for_finished(self, run_id: str, timeout: float) -> None:
+    async def wait_for_finished(self, run_id: str, timeout: float,
+                                since: object = None) -> None:
         """Return when the run may have finished (re-read it to know), or after ``timeout``
-        seconds; any number of tasks may wait at once. The default looks at
-        :meth:`change_token`."""
-        token = self.change_token()
+        seconds; any number of tasks may wait at once. ``since``: the :meth:`change_token`
+        read *before* the caller last read the run (so a finish in between is not missed).
+        The default looks at :meth:`change_token`."""
+        token = self.change_token() if since is None else since
         if token is None:
             await anyio.sleep(timeout)
             return

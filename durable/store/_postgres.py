@@ -574,7 +574,8 @@ class PostgresStore(Store):
             except psycopg.Error as exc:
                 raise self._translate(exc) from exc
 
-    async def wait_for_finished(self, run_id: str, timeout: float) -> None:
+    async def wait_for_finished(self, run_id: str, timeout: float,
+                                since: object = None) -> None:
         """Return when a NOTIFY says the run finished, or after ``timeout`` seconds.
 
         One listening connection per store serves every waiter: whichever waiter finds
@@ -587,9 +588,8 @@ class PostgresStore(Store):
         if self._done is None:
             self._done = _wake.Beacon()
         done = self._done
-        seen = done.generation
         with anyio.move_on_after(timeout):
-            while self._done_at.get(run_id, -1) <= seen:
+            while self._done_at.pop(run_id, None) is None:  # kept if it came before
                 if self._done_reading:
                     await done.wait(done.generation)
                     continue

@@ -1,0 +1,157 @@
+"""Nothing waits for a poll (issue 10, targets 3 and 6): every poll here is 60 s long, so
+each test passes only if the change signal (in-process hub, SQLite ``data_version``) woke
+the waiter; none asserts a time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+import durable
+from durable import RunState
+from durable.store import Store, store_from_url
+
+from . import pgflows
+from .conftest import ROOT, subprocess_env
+from .httpserver import Rule, loopback_server
+
+pytestmark = pytest.mark.anyio
+
+LONG = 60.0
+BOUND = 20.0  # well below LONG: reaching it means a poll, not a signal, was needed
+
+
+@asynccontextmanager
+async def opened(url: str) -> AsyncIterator[Store]:
+    store = store_from_url(url)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+@asynccontextmanager
+async def worker_on(store: Store, registry: durable.Registry,
+                    **options: float) -> AsyncIterator[durable.Worker]:
+    worker = durable.Worker(store, registry=registry, poll_interval=LONG, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            worker.shutdown(grace=0)
+
+
+def flows(registry: durable.Registry) -> None:
+    @durable.activity(registry=registry)
+    async def add(ctx: durable.ActivityContext, a: int, b: int) -> int:
+        return a + b
+
+    @durable.workflow("wake.sum", registry=registry)
+    async def total(ctx: durable.WorkflowContext) -> int:
+        return await add(ctx, 1, 2) + await add(ctx, 3, 4)
+
+
+async def test_in_process_start_is_claimed_and_wait_returns_without_a_poll(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    flows(registry)
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        store.pushes_changes = False  # type: ignore[misc]  # only the in-process hub is left
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry):
+            with anyio.fail_after(BOUND):
+                for i in range(3):
+                    run = await client.start("wake.sum", id=f"r{i}")
+                    done = await client.wait(run.id, poll=LONG)
+                    assert done.state is RunState.COMPLETED and done.result == 10
+
+
+async def test_another_store_is_woken_by_data_version(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """Client and worker on two store objects: no hub between them, only the commits."""
+    flows(registry)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    async with opened(url) as mine, opened(url) as theirs:
+        client = durable.Client(mine, registry=registry)
+        async with worker_on(theirs, registry):
+            with anyio.fail_after(BOUND):
+                for i in range(3):
+                    run = await client.start("wake.sum", id=f"r{i}")
+                    done = await client.wait(run.id, poll=LONG)
+                    assert done.state is RunState.COMPLETED
+
+
+async def test_a_lost_signal_ends_in_the_fallback_poll(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """A client whose store gives no signal still sees the finish, at its fallback poll."""
+    flows(registry)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    async with opened(url) as mine, opened(url) as theirs:
+        mine.pushes_changes = False  # type: ignore[misc]
+        client = durable.Client(mine, registry=registry)
+        async with worker_on(theirs, registry):
+            run = await client.start("wake.sum", id="r")
+            with anyio.fail_after(BOUND):
+                done = await client.wait(run.id, poll=0.05)
+            assert done.state is RunState.COMPLETED
+
+
+async def test_cancel_reaches_the_request_in_flight_by_the_change_signal(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """Lease 60 s, renewals every 50 s: only the change signal can stop the request."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    async with loopback_server() as server, opened(url) as mine, opened(url) as theirs:
+        server.on("/hang", Rule(hang=True))
+
+        @durable.activity(registry=registry)
+        async def call(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{server.url}/hang")
+
+        @durable.workflow("wake.hang", registry=registry)
+        async def hanging(ctx: durable.WorkflowContext) -> None:
+            await call(ctx)
+
+        client = durable.Client(mine, registry=registry)
+        async with worker_on(theirs, registry, lease=LONG, heartbeat_interval=50.0):
+            with anyio.fail_after(BOUND):
+                run = await client.start("wake.hang", id="h")
+                await server.wait_for(lambda: bool(server.seen("/hang")), timeout=BOUND)
+                [seen] = server.seen("/hang")
+                await client.cancel(run.id)
+                await server.wait_for(lambda: seen.disconnected_at is not None,
+                                      timeout=BOUND)
+                done = await client.wait(run.id, poll=LONG)
+        assert done.state is RunState.CANCELLED
+
+
+async def test_a_worker_in_another_process_is_woken(tmp_path: Path) -> None:
+    """``durable worker --poll 60`` in a subprocess claims at once; the wait returns."""
+    db = tmp_path / "w.db"
+    url = f"sqlite:///{db}"
+    async with opened(url) as store:
+        client = durable.Client(store)
+        proc = subprocess.Popen(  # noqa: ASYNC220 - a worker for the block, ended below
+            [sys.executable, "-m", "durable", "worker", "--db", url, "--import",
+             "tests.pgflows", "--poll", str(LONG), "--log-level", "error"],
+            cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        try:
+            with anyio.fail_after(BOUND):
+                for i in range(3):
+                    run = await client.start(pgflows.three, str(tmp_path), id=f"p{i}")
+                    done = await client.wait(run.id, poll=LONG)
+                    assert done.state is RunState.COMPLETED
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
