@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,21 @@ def test_the_http_benchmark_runs_and_prints_both_columns(tmp_path: Path) -> None
                           "--runs", "0"], cwd=tmp_path, env=subprocess_env(),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+async def test_direct_connects_refused_and_by_name() -> None:
+    """An IP address gets the pool's direct connect; its refusal is httpx's ConnectError
+    with the system's words. A host name keeps httpcore's own connect."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    transport = WorkerTransport(4)
+    async with loopback_server() as server, httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(httpx.ConnectError, match="Connection refused"):
+            await client.get(f"http://127.0.0.1:{closed_port}/x")
+        response = await client.get(f"http://localhost:{server.port}/ok")
+        assert response.status_code == 200
+        assert (await client.get(f"{server.url}/ok")).json() == {"ok": True}
+        assert len(server.seen("/ok")) == 2
+        host = transport._hosts[(b"http", b"127.0.0.1", server.port)]
+        assert sum(host.in_flight) == 0 and host.slots.value == 4
