@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
-from . import _clock, _wake
+from . import _clock, _liveness, _wake
 from ._attempt import Attempt
 from ._errors import ConfigError, StoreError
 from ._logging import get_logger
@@ -32,7 +33,11 @@ class Worker:
       same statement tells it which runs an operator cancelled. Each attempt's cancel scope
       deadline follows its lease's local expiry, so an attempt whose renewals fail is
       cancelled before its lease runs out in the store, and so before anyone can take over.
-    - Sweeps for runs whose lease expired (crashed workers) every ``sweep_interval``.
+    - Sweeps for runs whose lease expired (crashed or frozen workers) every
+      ``sweep_interval`` (default: half the lease, at most 1 s).
+    - With a store on this machine (SQLite), holds a lock the kernel releases when the
+      process dies, and every ``liveness_interval`` takes over at once the runs of workers
+      whose lock it can take: dead for sure, whatever their lease (durable/_liveness.py).
     - :meth:`shutdown` stops claiming, waits ``grace`` seconds, then cancels the attempts
       still running, journals that they were interrupted and gives their runs back at once.
     - ``ctx.http`` goes through one pool per worker allowing ``http_connections`` requests
@@ -50,6 +55,7 @@ class Worker:
         heartbeat_interval: float | None = None,
         poll_interval: float = 0.5,
         sweep_interval: float | None = None,
+        liveness_interval: float = 0.25,
         grace: float = 10.0,
         worker_id: str | None = None,
         console_url: str | None = None,
@@ -70,7 +76,12 @@ class Worker:
         if self.heartbeat_interval >= lease * 0.9:
             raise ConfigError("heartbeat_interval must be well below the lease")
         self.poll_interval = poll_interval
-        self.sweep_interval = sweep_interval or max(min(lease / 2, 5.0), 0.05)
+        # ≤ 1 s: a run whose lease lapsed is recovered within a second of its expiry
+        self.sweep_interval = sweep_interval or max(min(lease / 2, 1.0), 0.05)
+        if liveness_interval <= 0:
+            raise ConfigError("liveness_interval must be positive")
+        self.liveness_interval = liveness_interval
+        self._lock: _liveness.WorkerLock | None = None
         self.grace = grace
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.console_url = console_url
@@ -116,11 +127,13 @@ class Worker:
 
     # -- main --------------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self._hold_lock()  # before the first claim, until the last attempt ended
         transport = self._transport or WorkerTransport(self.http_connections)
         try:
             async with anyio.create_task_group() as service:
                 service.start_soon(self._heartbeat_loop)
                 service.start_soon(self._sweep_loop)
+                service.start_soon(self._liveness_loop)
                 service.start_soon(self._notify_loop)
                 async with anyio.create_task_group() as runs:
                     _wake.hub(self.store).workers.add(self)
@@ -136,6 +149,9 @@ class Worker:
                         attempt.stop("shutdown")
                 service.cancel_scope.cancel()
         finally:
+            if self._lock is not None:  # no attempt runs any more: others may take over
+                self._lock.release()
+                self._lock = None
             _wake.hub(self.store).workers.discard(self)
             if self._transport is None:
                 with anyio.CancelScope(shield=True):
@@ -286,3 +302,57 @@ class Worker:
             if recovered:
                 self._wake.set()
             await anyio.sleep(self.sweep_interval)
+
+    # -- liveness (one machine) ------------------------------------------------------------------
+    async def _hold_lock(self) -> None:
+        folder = self.store.liveness_dir()
+        if folder is None:
+            return
+        try:
+            self._lock = await anyio.to_thread.run_sync(_liveness.hold, folder, self.worker_id)
+        except _liveness.InUseError as exc:
+            raise ConfigError(str(exc)) from None
+        except OSError as exc:  # the runs of this worker will wait for their lease
+            self.log.warning("liveness_lock_unavailable", folder=str(folder), error=str(exc))
+
+    async def _liveness_loop(self) -> None:
+        folder = self.store.liveness_dir()
+        if folder is None:
+            return
+        mine = _liveness.lock_name(self.worker_id)
+        while True:
+            # listing and probing the lock files is no store access: a read of the store
+            # only when a lock could be taken, a write only to recover a dead worker's run
+            dead = _liveness.dead_lock_files(folder, skip=mine)
+            if dead:
+                try:
+                    await self.take_over_dead(folder, set(dead))
+                except StoreError as exc:
+                    self.log.error("liveness_sweep_failed", error=str(exc))
+            await anyio.sleep(self.liveness_interval)
+
+    async def take_over_dead(self, folder: Path, dead: set[str]) -> list[Fence]:
+        """Recover the runs of the workers whose lock files (``dead``) could be locked: each
+        worker's lock is taken again and held while its runs (read before) are recovered by
+        a compare-and-set on (id, epoch, running, same worker); its file is then removed."""
+        by_worker: dict[str, list[Fence]] = {}
+        for fence, worker in await self.store.running_workers():
+            if worker != self.worker_id and _liveness.lock_name(worker) in dead:
+                by_worker.setdefault(worker, []).append(fence)
+        named = {_liveness.lock_name(w) for w in by_worker}
+        for name in dead - named:  # dead, and nothing of theirs runs: clean up
+            _liveness.remove_if_dead(folder, name)
+        recovered: list[Fence] = []
+        for worker, fences in by_worker.items():
+            with _liveness.probe_dead(folder, worker) as is_dead:
+                if not is_dead:
+                    continue
+                for fence in fences:
+                    for done in await self.store.recover_dead(fence.run_id, fence.epoch,
+                                                              worker):
+                        recovered.append(done)
+                        self.log.warning("run_recovered", workflow_id=done.run_id,
+                                         epoch=done.epoch, by="liveness", dead_worker=worker)
+        if recovered:
+            self._wake.set()
+        return recovered

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -343,6 +344,26 @@ class Store(abc.ABC):
         that epoch and still expired. Returns the runs this call recovered; a caller that
         lost the race gets an empty list and must back off.
         """
+
+    # -- liveness (one machine: a lock the kernel releases when a worker dies) ----------------
+    def liveness_dir(self) -> Path | None:
+        """The folder of the lock files of this store's workers (durable/_liveness.py), or
+        None for a store without liveness: then a dead worker's runs wait for their lease.
+        This default is None; the SQLite store (one machine) has one."""
+        return None
+
+    async def running_workers(self) -> list[tuple[Fence, str]]:
+        """The running runs and their workers (a read). This default, for stores without
+        liveness, returns []."""
+        return []
+
+    async def recover_dead(self, run_id: str, epoch: int, worker: str) -> list[Fence]:
+        """Recover a run whose worker is dead for sure (its liveness lock could be taken),
+        whatever its lease: a compare-and-set on ``(id, epoch, still running, same
+        worker)``, counted and journaled as :meth:`recover_stale` does (a pending cancel
+        ends it cancelled). Returns the run if this call recovered it, else []. This
+        default, for stores without liveness, returns [] (their runs wait for the lease)."""
+        return []
 
     @abc.abstractmethod
     async def journal(self, run_id: str, after: int = 0) -> list[JournalEntry]:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from .. import _liveness
 from .._clock import BootClock, Clock, default_sqlite_clock
 from .._errors import (
     NotSentError,
@@ -531,6 +532,39 @@ class SqliteStore(Store):
         def tx(conn: sqlite3.Connection) -> list[Fence]:
             conn.execute(Q["journal_recovery"], params)
             rows = conn.execute(Q["recover_stale"], params).fetchall()
+            for row in rows:
+                self._journal_end(conn, row, "recovery", now)
+            return [Fence(r["id"], int(r["epoch"])) for r in rows]
+
+        def any_expired(conn: sqlite3.Connection) -> bool:
+            return conn.execute(Q["any_expired"], params).fetchone() is not None
+
+        if run_id is None and not await self._run(any_expired, write=False):
+            return []  # an idle sweep is a read: no write lock taken
+        return await self._run(tx)
+
+    # -- liveness (durable/_liveness.py) ------------------------------------------------------
+    def liveness_dir(self) -> Path | None:
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            return None
+        return _liveness.lock_dir(self.path)
+
+    async def running_workers(self) -> list[tuple[Fence, str]]:
+        def read(conn: sqlite3.Connection) -> list[tuple[Fence, str]]:
+            return [(Fence(r["id"], int(r["epoch"])), str(r["worker"]))
+                    for r in conn.execute(Q["running_workers"])]
+
+        return await self._run(read, write=False)
+
+    async def recover_dead(self, run_id: str, epoch: int, worker: str) -> list[Fence]:
+        now = self.clock.now()
+        params = {"run_id": run_id, "epoch": epoch, "worker": worker, "now": now,
+                  "max_recoveries": self.max_recoveries,
+                  "cancelled_error": CANCELLED_AT_RECOVERY}
+
+        def tx(conn: sqlite3.Connection) -> list[Fence]:
+            conn.execute(Q["journal_death"], params)
+            rows = conn.execute(Q["recover_dead"], params).fetchall()
             for row in rows:
                 self._journal_end(conn, row, "recovery", now)
             return [Fence(r["id"], int(r["epoch"])) for r in rows]

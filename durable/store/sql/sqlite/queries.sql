@@ -236,3 +236,48 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 -- boot, dead with it (one machine). Expired as of now; recovery requeues them as usual.
 UPDATE durable_runs SET lease_expires_at = :now
 WHERE state = 'running' AND lease_expires_at > :now;
+
+-- name: running_workers
+-- The workers of the running runs (liveness, durable/_liveness.py): a read, by the state index.
+SELECT id, epoch, worker FROM durable_runs WHERE state = 'running' AND worker IS NOT NULL;
+
+-- name: any_expired
+-- Whether recover_stale would find anything: a read, so an idle sweep takes no write lock.
+SELECT 1 FROM durable_runs WHERE state = 'running' AND lease_expires_at <= :now LIMIT 1;
+
+-- name: journal_death
+-- A run whose worker process is dead for sure (its lock could be taken), whatever its lease.
+INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+SELECT id, epoch, 'run_recovered', :now,
+       json_object('worker_died', json('true'), 'worker', worker,
+                   'lease_expires_at', lease_expires_at, 'last_heartbeat_at', heartbeat_at)
+FROM durable_runs
+WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND worker = :worker;
+
+-- name: recover_dead
+-- As recover_stale, for one run of a dead worker: a compare-and-set on (id, epoch, still
+-- running, same worker), regardless of the lease (the dead process can write nothing).
+UPDATE durable_runs
+SET state = CASE WHEN cancel_requested THEN 'cancelled'
+                 WHEN recoveries + 1 > :max_recoveries THEN 'failed'
+                 ELSE 'queued' END,
+    error = CASE
+        WHEN cancel_requested THEN :cancelled_error
+        WHEN recoveries + 1 > :max_recoveries THEN
+            'the worker died (or froze past its lease) ' || (recoveries + 1)
+            || ' times while running this run, the last time '
+            || coalesce((SELECT 'at step ' || j.step || ' (' || coalesce(j.name, '?') || ')'
+                         FROM durable_journal AS j
+                         WHERE j.run_id = durable_runs.id AND j.epoch = durable_runs.epoch
+                           AND j.kind = 'step_started'
+                         ORDER BY j.seq DESC LIMIT 1),
+                        'when no step was running')
+            || '; gave up after max_recoveries=' || :max_recoveries || ' recoveries'
+        ELSE error END,
+    recoveries = recoveries + 1,
+    worker = NULL, lease_expires_at = NULL, run_at = :now, updated_at = :now
+WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND worker = :worker
+RETURNING id, epoch, state, error, recoveries,
+    (SELECT j.step FROM durable_journal AS j
+     WHERE j.run_id = durable_runs.id AND j.epoch = durable_runs.epoch
+       AND j.kind = 'step_started' ORDER BY j.seq DESC LIMIT 1) AS step;

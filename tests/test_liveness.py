@@ -1,0 +1,241 @@
+"""Crash → resumed on one machine: a lock the kernel keeps tells a dead worker (its runs are
+taken over at once, whatever the lease) from a frozen one (its runs wait for the lease).
+
+Real worker processes on a real SQLite file, SIGKILL and SIGSTOP; no timing assertions:
+"before the lease expired" is the run's new epoch seen while the old lease is still ahead."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+
+import durable
+from durable import RunState, _liveness
+from durable.store._sqlite import SqliteStore
+
+from . import livenessflows
+from .conftest import ROOT
+from .helpers import kinds, poll, python_process, running_worker
+
+pytestmark = pytest.mark.anyio
+
+
+@contextmanager
+def worker_process(db_url: str, backend: str, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    log = Path(db_url.removeprefix("sqlite:///")).with_suffix(".worker.log")
+    with python_process(
+        ["-m", "durable.worker", "--db", db_url, "--import", "tests.livenessflows",
+         "--poll", "0.05", "--log-level", "warning", "--backend", backend, *extra],
+        log,
+    ) as proc:
+        yield proc
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def folder_of(db_url: str) -> Path:
+    return _liveness.lock_dir(db_url.removeprefix("sqlite:///"))
+
+
+async def held_by_process(client: durable.Client, run_id: str) -> durable.Run:
+    """The run once its first attempt runs in the worker process."""
+    async def running() -> durable.Run | None:
+        run = await client.store.get_run(run_id)
+        return run if run is not None and run.state is RunState.RUNNING else None
+    run: durable.Run = await poll(running, timeout=20)
+    return run
+
+
+async def taken_over(client: durable.Client, before: durable.Run) -> durable.Run:
+    """The run under a newer epoch (claimed again), asserting the old lease still held."""
+    async def newer() -> durable.Run | None:
+        run = await client.store.get_run(before.id)
+        return run if run is not None and run.epoch > before.epoch else None
+    run: durable.Run = await poll(newer, timeout=20, interval=0.005)
+    assert before.lease_expires_at is not None
+    assert await client.store.now() < before.lease_expires_at  # before the lease expired
+    return run
+
+
+async def test_a_sigkilled_worker_is_taken_over_before_its_lease_expires(
+        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    log, gate = tmp_path / "log.txt", tmp_path / "gate"
+    async with durable.Client.connect(db_url) as client:
+        await client.start("live.hold", str(log), str(gate), id="d1")
+        with worker_process(db_url, anyio_backend, "--lease", "30") as proc:
+            await poll(lambda: any(x.startswith("hold:") for x in lines(log)), timeout=20)
+            before = await held_by_process(client, "d1")
+            [name] = os.listdir(folder_of(db_url))  # the process's own lock file
+            assert name == _liveness.lock_name(before.worker or "")
+            assert (folder_of(db_url) / name).stat().st_mode & 0o777 == 0o600
+            async with running_worker(client, durable.default_registry, lease=30.0,
+                                      liveness_interval=0.02):
+                assert (await client.get("d1")).epoch == before.epoch  # alive: kept
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                after = await taken_over(client, before)
+                assert after.state is RunState.RUNNING and after.worker != before.worker
+                gate.touch()
+                done = await client.wait("d1", timeout=20)
+            assert done.state is RunState.COMPLETED and done.result == "held"
+        journal = await client.journal("d1")
+        [recovered] = [e for e in journal if e.kind.value == "run_recovered"]
+        assert recovered.data["worker_died"] is True
+        assert recovered.data["worker"] == before.worker
+        assert kinds(journal).count("run_claimed") == 2
+        assert (await client.get("d1")).recoveries == 1
+        assert name not in os.listdir(folder_of(db_url))  # the dead worker's file went
+
+
+async def test_a_sigstopped_worker_keeps_its_run_while_its_lease_holds(
+        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    log, gate = tmp_path / "log.txt", tmp_path / "gate"
+    async with durable.Client.connect(db_url) as client:
+        await client.start("live.hold", str(log), str(gate), id="s1")
+        with worker_process(db_url, anyio_backend, "--lease", "30") as proc:
+            await poll(lambda: any(x.startswith("hold:") for x in lines(log)), timeout=20)
+            before = await held_by_process(client, "s1")
+            async with running_worker(client, durable.default_registry, lease=30.0,
+                                      liveness_interval=0.02) as other:
+                os.kill(proc.pid, signal.SIGSTOP)
+                try:
+                    # frozen, not dead: its lock is held, so nothing is taken over
+                    folder = folder_of(db_url)
+                    assert _liveness.dead_lock_files(folder) == []
+                    name = _liveness.lock_name(before.worker or "")
+                    assert await other.take_over_dead(folder, {name}) == []
+                    run = await client.get("s1")
+                    assert run.epoch == before.epoch and run.worker == before.worker
+                finally:
+                    os.kill(proc.pid, signal.SIGCONT)
+                gate.touch()
+                done = await client.wait("s1", timeout=20)
+        assert done.state is RunState.COMPLETED and done.epoch == before.epoch
+        assert "run_recovered" not in kinds(await client.journal("s1"))
+
+
+async def test_a_sigstopped_worker_loses_its_run_when_its_lease_lapses(
+        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    log, gate = tmp_path / "log.txt", tmp_path / "gate"
+    async with durable.Client.connect(db_url) as client:
+        await client.start("live.hold", str(log), str(gate), id="s2")
+        with worker_process(db_url, anyio_backend, "--lease", "2") as proc:
+            await poll(lambda: any(x.startswith("hold:") for x in lines(log)), timeout=20)
+            before = await held_by_process(client, "s2")
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                async with running_worker(client, durable.default_registry, lease=2.0,
+                                          liveness_interval=0.02):
+                    async def newer() -> durable.Run | None:
+                        run = await client.store.get_run("s2")
+                        return run if run is not None and run.epoch > before.epoch else None
+                    await poll(newer, timeout=30)
+                    assert before.lease_expires_at is not None
+                    assert await client.store.now() >= before.lease_expires_at
+                    gate.touch()
+                    done = await client.wait("s2", timeout=20)
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+        assert done.state is RunState.COMPLETED and done.epoch > before.epoch
+        [recovered] = [e for e in await client.journal("s2") if e.kind.value == "run_recovered"]
+        assert "worker_died" not in recovered.data  # the lease lapsed: not a death
+
+
+@pytest.mark.parametrize("how", ["exec", "fork"])
+async def test_a_child_that_outlives_its_worker_does_not_keep_it_alive(
+        db_url: str, tmp_path: Path, anyio_backend: str, how: str) -> None:
+    log, gate = tmp_path / "log.txt", tmp_path / "gate"
+    child = 0
+    try:
+        async with durable.Client.connect(db_url) as client:
+            await client.start("live.spawn", str(log), str(gate), how, id="c1")
+            with worker_process(db_url, anyio_backend, "--lease", "30") as proc:
+                await poll(lambda: any(x.startswith("hold:") for x in lines(log)), timeout=20)
+                [child] = [int(x.split(":")[1]) for x in lines(log) if x.startswith("child:")]
+                before = await held_by_process(client, "c1")
+                async with running_worker(client, durable.default_registry, lease=30.0,
+                                          liveness_interval=0.02):
+                    os.kill(proc.pid, signal.SIGKILL)  # the worker only: the child lives on
+                    proc.wait(timeout=10)
+                    os.kill(child, 0)  # still alive
+                    await taken_over(client, before)
+                    gate.touch()
+                    done = await client.wait("c1", timeout=20)
+            assert done.state is RunState.COMPLETED
+    finally:
+        if child:
+            with suppress(ProcessLookupError):  # the dead worker's child: init reaps it
+                os.kill(child, signal.SIGKILL)
+
+
+async def test_a_clean_stop_removes_the_lock_file_and_a_dead_idle_workers_file_goes(
+        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    folder = folder_of(db_url)
+    with worker_process(db_url, anyio_backend) as proc:
+        await poll(lambda: folder.is_dir() and len(os.listdir(folder)) == 1, timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    assert os.listdir(folder) == []
+    with worker_process(db_url, anyio_backend) as proc:
+        await poll(lambda: len(os.listdir(folder)) == 1, timeout=20)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    [stale] = os.listdir(folder)  # a dead worker's file stays...
+    async with durable.Client.connect(db_url) as client:
+        async with running_worker(client, durable.default_registry, liveness_interval=0.02):
+            await poll(lambda: stale not in os.listdir(folder), timeout=20)  # ...till found
+            assert len(os.listdir(folder)) == 1  # the live worker's own
+        assert os.listdir(folder) == []
+
+
+def test_lock_names_are_one_per_worker_id() -> None:
+    ids = ["host:1:abc", "host%3A1%3Aabc", "a/b", "a%2Fb", "", ".", "..", "x" * 300,
+           "x" * 299, "é", "%C3%A9", "=abc"]
+    names = [_liveness.lock_name(i) for i in ids]
+    assert len(set(names)) == len(names)
+    assert all("/" not in n and len(n) < 255 and n not in (".lock",) for n in names)
+
+
+def test_the_lock_is_exclusive_within_a_process_and_probes_do_not_drop_it(
+        tmp_path: Path) -> None:
+    folder = tmp_path / "db-workers"
+    lock = _liveness.hold(folder, "w1")
+    with _liveness.probe_dead(folder, "w1") as dead:
+        assert not dead
+    with pytest.raises(_liveness.InUseError):
+        _liveness.hold(folder, "w1", attempts=2)
+    assert _liveness.dead_lock_files(folder) == []  # the probes closed, the lock held
+    lock.forget()  # as a death: the descriptor closes, the file stays
+    assert _liveness.dead_lock_files(folder) == [_liveness.lock_name("w1")]
+    with _liveness.probe_dead(folder, "w1") as dead:
+        assert dead
+    assert os.listdir(folder) == []
+    with _liveness.probe_dead(folder, "w1") as dead:  # no file proves nothing
+        assert not dead
+
+
+def test_an_exec_child_never_holds_the_lock(tmp_path: Path) -> None:
+    folder = tmp_path / "db-workers"
+    lock = _liveness.hold(folder, "w2")
+    code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('got it')")
+    # the child opens the file itself: only its own, inherited descriptors could help it
+    child = subprocess.run([sys.executable, "-c", code, str(lock.path)], close_fds=False,
+                           capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert child.returncode != 0 and "BlockingIOError" in child.stderr
+    lock.release()
+
+
+async def test_stores_without_liveness_recover_nothing_early() -> None:
+    store = SqliteStore(":memory:")
+    assert store.liveness_dir() is None
+    assert livenessflows.live_hold.name == "live.hold"
