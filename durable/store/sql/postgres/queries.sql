@@ -145,6 +145,63 @@ CROSS JOIN unnest(%(kinds)s::text[], %(steps)s::integer[], %(step_keys)s::text[]
      WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
 ORDER BY e.ord;
 
+-- name: append_batch
+-- Group commit: the appends of many attempts in one statement (one round trip, one commit).
+-- Each job is fenced on its own: job_run_ids and job_epochs are the jobs' fences (job j is
+-- the j-th, from 1); the entries' arrays carry their job in entry_jobs, in call order.
+-- A job whose fence fails writes nothing and takes nothing from the others; the statement
+-- returns the jobs whose fence held (all of whose entries were written). Fenced runs are
+-- locked in id order, so two batches that share runs cannot deadlock on them.
+WITH jobs AS (
+    SELECT * FROM unnest(%(job_run_ids)s::text[], %(job_epochs)s::bigint[])
+        WITH ORDINALITY AS j(run_id, epoch, job)
+), fence AS (
+    SELECT j.job, r.id, r.epoch FROM durable_runs AS r
+    JOIN jobs AS j ON r.id = j.run_id AND r.epoch = j.epoch
+    WHERE r.state = 'running' AND r.lease_expires_at > %(now)s
+    ORDER BY r.id
+    FOR NO KEY UPDATE OF r
+), written AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+    SELECT fence.id, fence.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s,
+           e.data
+    FROM unnest(%(entry_jobs)s::bigint[], %(kinds)s::text[], %(steps)s::integer[],
+                %(step_keys)s::text[], %(names)s::text[], %(attempts)s::integer[],
+                %(datas)s::text[])
+         WITH ORDINALITY AS e(job, kind, step, step_key, name, attempt, data, ord)
+    JOIN fence ON fence.job = e.job
+    ORDER BY e.ord
+)
+SELECT job FROM fence;
+
+-- name: finish_batch
+-- Group commit of finish_run: many attempts' finishes in one statement, each fenced on its
+-- own (a refused one changes nothing); returns the jobs that finished their run.
+WITH jobs AS (
+    SELECT * FROM unnest(%(job_run_ids)s::text[], %(job_epochs)s::bigint[],
+                         %(job_states)s::text[], %(job_results)s::text[],
+                         %(job_errors)s::text[])
+        WITH ORDINALITY AS j(run_id, epoch, state, result, error, job)
+), run AS (
+    UPDATE durable_runs AS d
+    SET state = j.state, result = j.result, error = j.error, updated_at = %(now)s,
+        worker = NULL, lease_expires_at = NULL
+    FROM jobs AS j
+    WHERE d.id = j.run_id AND d.epoch = j.epoch AND d.state = 'running'
+      AND d.lease_expires_at > %(now)s
+    RETURNING j.job, d.id, d.epoch
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+    SELECT run.id, run.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s, e.data
+    FROM unnest(%(entry_jobs)s::bigint[], %(kinds)s::text[], %(steps)s::integer[],
+                %(step_keys)s::text[], %(names)s::text[], %(attempts)s::integer[],
+                %(datas)s::text[])
+         WITH ORDINALITY AS e(job, kind, step, step_key, name, attempt, data, ord)
+    JOIN run ON run.job = e.job
+    ORDER BY e.ord
+)
+SELECT job FROM run;
+
 -- name: finish_run
 WITH run AS (
     UPDATE durable_runs
