@@ -199,7 +199,7 @@ class Client:
         with anyio.fail_after(timeout):
             while True:
                 seen = finished.generation  # before the read: a finish after it is seen
-                since = self.store.change_token()
+                since = self.store.change_token() if self.store.pushes_changes else None
                 run = await self.get(run_id)
                 if run.state.finished:
                     return run

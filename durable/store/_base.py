@@ -177,11 +177,20 @@ class Store(abc.ABC):
     by another process (else they only wait out their timeout: plain polling)."""
     _work_seen: object = None
 
-    def change_token(self) -> object | None:
-        """A value that differs after any other connection committed, read without a write
-        and cheaply (SQLite: ``PRAGMA data_version`` of a connection of its own); None when
-        the store has no such signal. The default waits below look at it."""
+    def change_watcher(self) -> _wake.ChangeWatcher | None:
+        """The watcher of this store's change token (SQLite: ``PRAGMA data_version`` of a
+        connection of its own, which changes when any other connection commits, read
+        without a write), or None when the store has no such signal."""
         return None
+
+    def change_token(self) -> object | None:
+        """The count of changes seen so far (None without a watcher): read it *before*
+        reading what you wait for, and pass it to :meth:`wait_for_finished`."""
+        watcher = self.change_watcher()
+        if watcher is None:
+            return None
+        watcher.start()
+        return watcher.count
 
     async def wait_for_work(self, timeout: float) -> None:
         """Return when work may be waiting for this process's worker (a run queued, a cancel
@@ -189,26 +198,27 @@ class Store(abc.ABC):
 
         Changes since the previous return are kept: the first call returns at once, so a
         caller that claims after every return misses nothing. Meant for one waiting task
-        per store (the worker's). The default looks at :meth:`change_token`.
+        per store (the worker's). The default waits on :meth:`change_watcher`.
         """
-        token = self.change_token()
-        if token is None:
+        watcher = self.change_watcher()
+        if watcher is None:
             await anyio.sleep(timeout)
             return
-        self._work_seen = await _wake.until_changed(self.change_token, self._work_seen,
-                                                    timeout)
+        seen = self._work_seen if isinstance(self._work_seen, int) else -1
+        self._work_seen = await watcher.wait(seen, timeout)
 
     async def wait_for_finished(self, run_id: str, timeout: float,
                                 since: object = None) -> None:
         """Return when the run may have finished (re-read it to know), or after ``timeout``
         seconds; any number of tasks may wait at once. ``since``: the :meth:`change_token`
         read *before* the caller last read the run (so a finish in between is not missed).
-        The default looks at :meth:`change_token`."""
-        token = self.change_token() if since is None else since
-        if token is None:
+        The default waits on :meth:`change_watcher`."""
+        watcher = self.change_watcher()
+        if watcher is None:
             await anyio.sleep(timeout)
             return
-        await _wake.until_changed(self.change_token, token, timeout)
+        watcher.start()
+        await watcher.wait(since if isinstance(since, int) else watcher.count, timeout)
 
     async def notify_finished(self, run_id: str) -> None:
         """Tell other processes' :meth:`wait_for_finished` that the run finished (sent by

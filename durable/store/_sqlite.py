@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .. import _liveness
+from .. import _liveness, _wake
 from .._clock import BootClock, Clock, default_sqlite_clock
 from .._errors import (
     NotSentError,
@@ -100,7 +100,8 @@ class SqliteStore(Store):
         self._open_wait = max(30.0, busy_timeout)
         self._db: DbThread | None = None
         self._watch: sqlite3.Connection | None = None
-        """A connection of its own for :meth:`change_token` (read on the event loop)."""
+        """A connection of its own for :meth:`change_watcher` (read by its thread)."""
+        self._watcher: _wake.ChangeWatcher | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _connect(self, busy_timeout: float | None = None) -> sqlite3.Connection:
@@ -206,6 +207,9 @@ class SqliteStore(Store):
 
     async def aclose(self) -> None:
         db, self._db = self._db, None
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            await watcher.stop()
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.close()
@@ -278,19 +282,23 @@ class SqliteStore(Store):
     # -- change signals (durable/_wake.py) ----------------------------------------------------
     pushes_changes = True
 
-    def change_token(self) -> object | None:
-        """``PRAGMA data_version`` of a connection of its own: it changes when any other
-        connection (this process's store thread included) commits. About 5 µs, no write, no
-        lock, no disk I/O beyond the shared WAL index, so it is read on the event loop."""
+    def change_watcher(self) -> _wake.ChangeWatcher | None:
+        """Looks at ``PRAGMA data_version`` of a connection of its own every 2 ms in a
+        thread: it changes when any other connection (this process's store thread too)
+        commits; a read costs microseconds, no write, no lock, no disk I/O beyond the
+        shared WAL index (docs/design.md, "Nothing waits for a poll")."""
         if self._db is None or self.path == ":memory:":
             return None
-        try:
-            if self._watch is None:
-                self._watch = sqlite3.connect(self.path, timeout=0.05, isolation_level=None,
-                                              check_same_thread=False)
-            return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
-        except sqlite3.Error:  # busy (a checkpoint), or the file went: no signal this look
-            return -1
+        if self._watcher is None:
+            self._watcher = _wake.ChangeWatcher(self._watch_reader)
+        return self._watcher
+
+    def _watch_reader(self) -> Callable[[], object]:
+        if self._watch is not None:
+            self._watch.close()
+        conn = self._watch = sqlite3.connect(self.path, timeout=0.05, isolation_level=None,
+                                             check_same_thread=False)
+        return lambda: conn.execute("PRAGMA data_version").fetchone()[0]
 
     async def cancels_requested(self, run_ids: Sequence[str]) -> set[str]:
         if not run_ids:
