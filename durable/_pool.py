@@ -46,6 +46,11 @@ except ImportError:  # pragma: no cover - a future httpcore: its own connects on
 SHARD_SIZE = 32
 """Connections per httpcore pool: small enough that its per-request scans stay cheap."""
 
+MIN_HTTP_CONNECTIONS = 100
+"""The worker's default per host is its concurrency, but never below httpx's default pool
+(100 connections in all), so a small worker whose runs send requests concurrently (keyed
+steps in a task group) waits no more than it did before."""
+
 LOG_EXTENSION = "durable.log"
 """Request extension carrying the attempt's bound logger (for the pool-wait warning)."""
 

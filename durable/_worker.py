@@ -16,7 +16,7 @@ from . import _clock, _liveness, _wake
 from ._attempt import Attempt
 from ._errors import ConfigError, StoreError
 from ._logging import get_logger
-from ._pool import WorkerTransport
+from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
 from ._registry import Registry, default_registry
 from ._types import Fence, Run
 from .store import Store
@@ -41,7 +41,8 @@ class Worker:
     - :meth:`shutdown` stops claiming, waits ``grace`` seconds, then cancels the attempts
       still running, journals that they were interrupted and gives their runs back at once.
     - ``ctx.http`` goes through one pool per worker allowing ``http_connections`` requests
-      in flight per host (default ``concurrency``); a request beyond that waits for a slot
+      in flight per host (default ``concurrency``, at least httpx's 100); a request beyond
+      that waits for a slot
       and the wait is logged (``http_pool_wait``), since it counts against the step's timeout.
     """
 
@@ -86,9 +87,10 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.console_url = console_url
         self._transport = transport
-        self.http_connections = http_connections or concurrency
+        self.http_connections = http_connections or max(concurrency, MIN_HTTP_CONNECTIONS)
         """Requests in flight at once per host through ``ctx.http`` (:mod:`._pool`): one per
-        attempt by default; more wait for a slot, and the wait is logged."""
+        attempt by default, never fewer than httpx's default pool; more wait for a slot, and
+        the wait is logged."""
         self.active: dict[Fence, Attempt] = {}
         """The attempts running here, by their fence: two attempts of one run (an older one
         still unwinding after it lost its lease, and the newer claim) are both counted, and

@@ -10,7 +10,7 @@ Two columns, measured one after the other in the same run, each on a fresh SQLit
 and one worker with ``concurrency=N``:
 
 - **worker pool**: the worker's own transport (:class:`durable._pool.WorkerTransport`:
-  ``http_connections`` per host, default the concurrency, over small httpcore pools);
+  ``http_connections`` per host, default the concurrency (at least 100), over small httpcore pools);
 - **httpx default**: the same worker given ``transport=httpx.AsyncHTTPTransport()``, httpx's
   default limits (100 connections, one httpcore pool): the baseline.
 

@@ -77,7 +77,8 @@ def test_the_worker_sizes_its_pool_from_its_concurrency(tmp_path: Path) -> None:
     import durable
 
     store = durable.store_from_url(f"sqlite:///{tmp_path / 'x.db'}")
-    assert Worker(store, concurrency=40).http_connections == 40
+    assert Worker(store, concurrency=40).http_connections == 100  # httpx's default, at least
+    assert Worker(store, concurrency=1000).http_connections == 1000
     assert Worker(store, concurrency=40, http_connections=7).http_connections == 7
     with pytest.raises(durable.ConfigError):
         Worker(store, http_connections=0)
