@@ -20,6 +20,9 @@ from durable.store import Store, store_from_url
 from . import pgflows
 from .conftest import ROOT, subprocess_env
 from .httpserver import Rule, loopback_server
+from .pg import pg_url, postgres_server
+
+__all__ = ["pg_url", "postgres_server"]  # fixtures
 
 pytestmark = pytest.mark.anyio
 
@@ -131,10 +134,47 @@ async def test_cancel_reaches_the_request_in_flight_by_the_change_signal(
         assert done.state is RunState.CANCELLED
 
 
-async def test_a_worker_in_another_process_is_woken(tmp_path: Path) -> None:
-    """``durable worker --poll 60`` in a subprocess claims at once; the wait returns."""
-    db = tmp_path / "w.db"
-    url = f"sqlite:///{db}"
+async def test_in_process_cancel_reaches_the_attempt_by_the_hub(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """The store's own signal off, renewals every 50 s: only the hub can deliver it."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    async with loopback_server() as server, opened(url) as store:
+        store.pushes_changes = False  # type: ignore[misc]
+        server.on("/hang", Rule(hang=True))
+
+        @durable.activity(registry=registry)
+        async def call(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{server.url}/hang")
+
+        @durable.workflow("wake.hang", registry=registry)
+        async def hanging(ctx: durable.WorkflowContext) -> None:
+            await call(ctx)
+
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry, lease=LONG, heartbeat_interval=50.0):
+            with anyio.fail_after(BOUND):
+                run = await client.start("wake.hang", id="h")
+                await server.wait_for(lambda: bool(server.seen("/hang")), timeout=BOUND)
+                [seen] = server.seen("/hang")
+                await client.cancel(run.id)
+                await server.wait_for(lambda: seen.disconnected_at is not None,
+                                      timeout=BOUND)
+                done = await client.wait(run.id, poll=LONG)
+        assert done.state is RunState.CANCELLED
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_worker_in_another_process_is_woken(
+        tmp_path: Path, backend: str, anyio_backend: str,
+        request: pytest.FixtureRequest) -> None:
+    """``durable worker --poll 60`` in a subprocess claims at once; the wait returns
+    (PostgreSQL: by NOTIFY durable_work and durable_done)."""
+    if backend == "postgres":
+        if anyio_backend != "asyncio":
+            pytest.skip("the PostgreSQL store runs on asyncio only")
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'w.db'}"
     async with opened(url) as store:
         client = durable.Client(store)
         proc = subprocess.Popen(  # noqa: ASYNC220 - a worker for the block, ended below
