@@ -1,0 +1,305 @@
+"""PostgreSQL group commit: the store's fenced writes with and without it, in one run.
+
+Workloads, each on a fresh schema of ``--pg-url`` (all dropped at the end, also on failure),
+measured with group commit on and off (``?group_commit=0``) alternately, ``--repeat``
+times; the median of each is reported:
+
+- **concurrent**: ``--concurrent N`` runs (default 1,000) of 5 no-op steps, started at once
+  and executed by one worker of concurrency N (``scripts/bench.py``'s engine workload:
+  every run completed and every step journaled is checked afterwards). Journaled steps/s,
+  and for group commit the fenced writes per batch statement.
+- **sequential engine**: ``--sequential N`` runs (default 200) of 5 steps, one at a time.
+- **sequential append**: ``--appends N`` (default 2,000) fenced ``store.append`` calls of one
+  entry, one after the other, on one claimed run: what one fenced write costs alone.
+- **baseline**: the same number of plain autocommit ``INSERT`` statements, one per ``await``,
+  on one async psycopg connection to the same server (a table of ``id bigserial, data
+  text``): one round trip and one commit, the floor under any fenced write.
+
+Targets (issue 10, target 7): concurrent with group commit at least 4x without it; the
+sequential fenced append at least 80 % of the plain INSERT rate. The figures are ratios
+within the run: the machine is shared. An unreachable server prints one line and exits 0
+(``--require-postgres``: exit 2). ``--quick``: a few seconds, for the test.
+
+Run: ``python scripts/bench_pg.py`` (``--json`` for machine-readable output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import bench  # noqa: E402  (scripts/bench.py: the engine workload and the server helper)
+
+import durable  # noqa: E402
+from durable._types import EntryKind, Fence, JournalWrite  # noqa: E402
+
+TARGET_CONCURRENT_GAIN = 4.0
+TARGET_SEQUENTIAL_SHARE = 0.8
+MODES = (("on", ""), ("off", "group_commit=0&"))
+
+
+class BatchCounter:
+    """Counts the batch statements of every PostgreSQL store (private API: a benchmark may
+    peek) by wrapping ``PostgresStore._flush``."""
+
+    def __init__(self) -> None:
+        from durable.store._postgres import PostgresStore
+
+        self.batches = 0
+        self.writes = 0
+        original = PostgresStore._flush
+        counter = self
+
+        async def counting_flush(store: Any, batch: list[Any]) -> None:
+            counter.batches += 1
+            counter.writes += len(batch)
+            await original(store, batch)
+
+        PostgresStore._flush = counting_flush  # type: ignore[method-assign]
+
+    def take(self) -> tuple[int, int]:
+        counts = (self.batches, self.writes)
+        self.batches = self.writes = 0
+        return counts
+
+
+async def plain_inserts(pg: bench.PgServer, n: int) -> float:
+    """INSERTs/s: one autocommit INSERT per await on one async psycopg connection."""
+    return await bench.psycopg_commits(pg, n)
+
+
+async def fenced_appends(url: str, n: int) -> float:
+    """Fenced appends/s: one entry per ``store.append``, one after the other."""
+    store = durable.store_from_url(url)
+    await store.open()
+    try:
+        client = durable.Client(store, registry=bench.REGISTRY)
+        run_id = f"append-{uuid.uuid4().hex[:8]}"
+        await client.start(bench.steps_workflow, 1, False, id=run_id)
+        claimed = await store.claim("bench", 600.0, 1, run_id=run_id)
+        fence = Fence(claimed[0].id, claimed[0].epoch)
+        entry = [JournalWrite(EntryKind.VALUE, data={"x": bench.PAYLOAD})]
+        for _ in range(10):  # warm up (psycopg prepares a statement after 5 uses)
+            assert await store.append(fence, entry)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if not await store.append(fence, entry):
+                raise SystemExit("a fenced append was refused")
+        return bench.rate(n, time.perf_counter() - t0)
+    finally:
+        await store.aclose()
+
+
+def with_option(url: str, option: str) -> str:
+    """The store URL with ``option`` before its ``schema=`` (bench.verify reads the schema
+    from the URL's end)."""
+    head, _, schema = url.rpartition("schema=")
+    return f"{head}{option}schema={schema}"
+
+
+_verify = bench.verify
+
+
+def _verify_without_option(url: str, prefix: str) -> tuple[int, int]:
+    """bench.verify connects with plain psycopg: not with the store's own option."""
+    return _verify(url.replace("group_commit=0&", ""), prefix)
+
+
+bench.verify = _verify_without_option
+
+
+def median_of(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    rows = sorted(rows, key=lambda r: r[key])
+    chosen = dict(rows[len(rows) // 2])
+    chosen[f"repeats_{key}"] = [r[key] for r in rows]
+    return chosen
+
+
+async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any]:
+    counter = BatchCounter()
+    bench.configure_logging()
+    await bench.run_engine(pg.new_url(), 5, concurrency=1, start_at_once=False,
+                           label="pg-warmup")
+    concurrent: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    sequential: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    appends: dict[str, list[float]] = {"on": [], "off": [], "plain": []}
+    for i in range(args.repeat):
+        for mode, option in MODES:
+            counter.take()
+            result = await bench.run_engine(
+                with_option(pg.new_url(), option), args.concurrent,
+                concurrency=args.concurrent,
+                start_at_once=True, label=f"pg-con-{mode}{i}")
+            batches, writes = counter.take()
+            result["batches"] = batches
+            result["writes_per_batch"] = writes / batches if batches else None
+            concurrent[mode].append(result)
+            print(f"bench_pg: concurrent {mode} #{i + 1}: {result['steps_per_s']:,.0f} "
+                  "steps/s", file=sys.stderr)
+        for mode, option in MODES:
+            sequential[mode].append(await bench.run_engine(
+                with_option(pg.new_url(), option), args.sequential, concurrency=1,
+                start_at_once=False, label=f"pg-seq-{mode}{i}"))
+        appends["plain"].append(await plain_inserts(pg, args.appends))
+        for mode, option in MODES:
+            url = with_option(pg.new_url(), option)
+            appends[mode].append(await fenced_appends(url, args.appends))
+        print(f"bench_pg: appends #{i + 1}: plain {appends['plain'][-1]:,.0f}/s, fenced "
+              f"{appends['on'][-1]:,.0f}/s (group commit on), {appends['off'][-1]:,.0f}/s "
+              "(off)", file=sys.stderr)
+    con = {mode: median_of(rows, "steps_per_s") for mode, rows in concurrent.items()}
+    seq = {mode: median_of(rows, "steps_per_s") for mode, rows in sequential.items()}
+    app = {mode: statistics.median(values) for mode, values in appends.items()}
+    gain = con["on"]["steps_per_s"] / con["off"]["steps_per_s"]
+    share = app["on"] / app["plain"]
+    return {
+        "concurrent": con,
+        "sequential": seq,
+        "appends_per_s": app,
+        "appends_repeats": appends,
+        "concurrent_gain": gain,
+        "sequential_share": share,
+        "targets": {
+            "concurrent_gain": {"target": TARGET_CONCURRENT_GAIN, "value": gain,
+                                "met": gain >= TARGET_CONCURRENT_GAIN},
+            "sequential_share": {"target": TARGET_SEQUENTIAL_SHARE, "value": share,
+                                 "met": share >= TARGET_SEQUENTIAL_SHARE},
+        },
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    r = report["results"]
+    print(f"durable PostgreSQL group commit: {report['repeat']} repetition(s), medians")
+    print(f"{report['cpus']} CPUs, load {report['load_before']} before / "
+          f"{report['load_after']} after, Python {report['python']}, PostgreSQL "
+          f"{report['server_version']}, psycopg {report['psycopg']}, commit {report['commit']}")
+    print()
+    print(f"{'':44}{'group commit':>14}{'without':>12}{'ratio':>8}")
+    con_on, con_off = r["concurrent"]["on"], r["concurrent"]["off"]
+    seq_on, seq_off = r["sequential"]["on"], r["sequential"]["off"]
+    label = f"concurrent {report['concurrent']} x 5, steps/s"
+    print(f"{label:44}{con_on['steps_per_s']:>14,.0f}{con_off['steps_per_s']:>12,.0f}"
+          f"{r['concurrent_gain']:>7.2f}x")
+    per_batch = con_on["writes_per_batch"]
+    print(f"{'  fenced writes per batch statement':44}"
+          f"{per_batch if per_batch is None else f'{per_batch:.1f}':>14}{'1':>12}")
+    print(f"{'  store checkouts per step':44}{con_on['db_jobs_per_step']:>14.2f}"
+          f"{con_off['db_jobs_per_step']:>12.2f}")
+    label = f"sequential {report['sequential']} x 5, steps/s"
+    print(f"{label:44}{seq_on['steps_per_s']:>14,.0f}{seq_off['steps_per_s']:>12,.0f}"
+          f"{seq_on['steps_per_s'] / seq_off['steps_per_s']:>7.2f}x")
+    app = r["appends_per_s"]
+    label = f"sequential fenced append x {report['appends']}, /s"
+    print(f"{label:44}{app['on']:>14,.0f}{app['off']:>12,.0f}")
+    print(f"{'plain psycopg autocommit INSERT, /s':44}{app['plain']:>14,.0f}")
+    print()
+    for name, text in (("concurrent_gain", "concurrent with group commit >= 4x without"),
+                       ("sequential_share",
+                        "sequential fenced append >= 80 % of the plain INSERT rate")):
+        t = r["targets"][name]
+        value = f"{t['value']:.2f}x" if name == "concurrent_gain" else f"{t['value']:.0%}"
+        print(f"target: {text}: {value}: {'MET' if t['met'] else 'MISSED'}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Benchmark the PostgreSQL store's group commit against itself without "
+        "it, and a fenced append against a plain psycopg INSERT, in one run.")
+    parser.add_argument("--pg-url", default=bench.PG_URL,
+                        help=f"PostgreSQL server (default {bench.PG_URL})")
+    parser.add_argument("--concurrent", type=int, metavar="N", default=None,
+                        help="runs started at once (default 1000, --quick 50)")
+    parser.add_argument("--sequential", type=int, metavar="N", default=None,
+                        help="runs one at a time (default 200, --quick 5)")
+    parser.add_argument("--appends", type=int, metavar="N", default=None,
+                        help="sequential fenced appends and plain INSERTs (default 2000, "
+                        "--quick 50)")
+    parser.add_argument("--repeat", type=int, metavar="N", default=None,
+                        help="repetitions, alternating the modes (default 3, --quick 1)")
+    parser.add_argument("--require-postgres", action="store_true",
+                        help="exit 2 when the server is unreachable (default: skip, exit 0)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--quick", action="store_true", help="small numbers: a smoke run")
+    args = parser.parse_args(argv)
+    defaults = {"concurrent": (1000, 50), "sequential": (200, 5), "appends": (2000, 50),
+                "repeat": (3, 1)}
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        pg = bench.PgServer(args.pg_url)
+    except ImportError:
+        why: str | None = "psycopg is not installed (pip install 'durable-fenced[postgres]')"
+    else:
+        why = pg.unreachable()
+        if why:
+            why = f"no PostgreSQL server reachable at {bench.redact(pg.url)}: {why}"
+    if why:
+        if args.require_postgres:
+            print(f"bench_pg: error: {why}", file=sys.stderr)
+            return 2
+        print(json.dumps({"skipped": why}) if args.json else f"PostgreSQL skipped: {why}")
+        return 0
+    import psycopg
+
+    load_before = os.getloadavg()[0]
+    try:
+        results = anyio.run(measure, args, pg, backend="asyncio")
+    finally:
+        pg.close()
+    report = {
+        "skipped": None,
+        "commit": bench_commit(),
+        "cpus": os.cpu_count(),
+        "load_before": round(load_before, 1),
+        "load_after": round(os.getloadavg()[0], 1),
+        "python": sys.version.split()[0],
+        "server_version": bench.PgServer(args.pg_url).version(),
+        "psycopg": psycopg.__version__,
+        "concurrent": args.concurrent,
+        "sequential": args.sequential,
+        "appends": args.appends,
+        "repeat": args.repeat,
+        "results": results,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print_report(report)
+    return 0
+
+
+def bench_commit() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent,
+                             capture_output=True, text=True, timeout=10, check=False)
+    except OSError:
+        return "?"
+    return out.stdout.strip() or "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
