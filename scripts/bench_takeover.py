@@ -12,21 +12,25 @@ Issue 10, target 4. For each kill, on one SQLite file (WAL, ``synchronous=NORMAL
    clock) minus the kill: SIGKILL → the new attempt's claim. The taker then finishes the
    run (the step returns at once outside the victim).
 
-Two rows, in the same run:
+Three rows, in the same run:
 
 - **liveness**: the victim holds its lock (durable/_liveness.py); the taker finds it dead at
   its next probe and recovers the run by ``recover_dead``, whatever the lease.
 - **lease only** (the baseline, as before liveness and as on PostgreSQL): the victim holds
   no lock (its store's ``liveness_dir`` returns None), so the run waits for its lease to
   lapse and the stale sweep.
+- **PostgreSQL, lease only** (``--backends`` includes ``postgres``, the default; a fresh schema
+  on ``--pg-url``, dropped at the end; an unreachable server skips the row with a one-line
+  note): the same kill with the baseline's lease; times on the server's clock.
 
 Each takeover is checked: in the liveness row the run's ``run_recovered`` entry says the
 worker died and the claim came before the old lease's expiry; in the baseline row it came
 after. ``OK`` or ``FAILED`` (exit status 1).
 
-Run: ``python scripts/bench_takeover.py`` (20 kills with a 30 s lease, and 2 lease-only kills
-with the same lease: about 100 s); ``--quick`` for a few seconds (3 kills, a 2 s baseline
-lease); ``--json`` for machine-readable output. Figures: docs/benchmarks.md.
+Run: ``python scripts/bench_takeover.py`` (20 kills with a 30 s lease, then 2 lease-only
+kills with the same lease on each backend: about 3 minutes); ``--quick`` for a few seconds
+(3 kills, 1 lease-only kill with a 2 s lease); ``--json`` for machine-readable output;
+``--backends sqlite`` for SQLite only. Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +59,7 @@ if str(ROOT) not in sys.path:
 
 import durable  # noqa: E402
 import durable.testing  # noqa: E402
-from durable.store._sqlite import SqliteStore  # noqa: E402
+from durable.store import store_from_url  # noqa: E402
 
 VICTIM_ENV = "DURABLE_BENCH_TAKEOVER_VICTIM"
 rng = random.Random(10)
@@ -74,8 +79,8 @@ async def takeover(ctx: durable.WorkflowContext) -> str:
 
 
 # -- the victim process ---------------------------------------------------------------------
-async def victim(db: str, lease: float, liveness: bool) -> None:
-    store = SqliteStore(db)
+async def victim(url: str, lease: float, liveness: bool) -> None:
+    store = store_from_url(url)
     if not liveness:
         store.liveness_dir = lambda: None  # type: ignore[method-assign]  # as on PostgreSQL
     await store.open()
@@ -94,12 +99,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
-def start_victim(db: str, lease: float, liveness: bool, log: Path) -> subprocess.Popen[bytes]:
+def start_victim(url: str, lease: float, liveness: bool, log: Path) -> subprocess.Popen[bytes]:
     """The victim worker process, in this script's process group (so a test that kills the
     group kills the victims too), output appended to ``log``."""
     env = dict(os.environ, **{VICTIM_ENV: "1"})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    args = [sys.executable, str(SCRIPT), "--victim", db, "--lease", str(lease)]
+    args = [sys.executable, str(SCRIPT), "--victim", url, "--lease", str(lease)]
     if not liveness:
         args.append("--no-liveness")
     with open(log, "ab") as out:
@@ -107,9 +112,9 @@ def start_victim(db: str, lease: float, liveness: bool, log: Path) -> subprocess
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
 
 
-async def one_kill(client: durable.Client, db: str, run_id: str, lease: float,
+async def one_kill(client: durable.Client, url: str, run_id: str, lease: float,
                    liveness: bool, log: Path) -> dict[str, Any]:
-    proc = start_victim(db, lease, liveness, log)
+    proc = start_victim(url, lease, liveness, log)
     try:
         await client.start("bench.takeover", id=run_id)
         with anyio.fail_after(60):
@@ -123,7 +128,7 @@ async def one_kill(client: durable.Client, db: str, run_id: str, lease: float,
                                                   concurrency=1):
             # a crash comes at any moment: not in step with the taker's probes or renewals
             await anyio.sleep(rng.uniform(0.0, 1.0))
-            killed_at = client.store.clock.now()
+            killed_at = await client.store.now()  # the clock the journal's times are on
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             with anyio.fail_after(lease * 2 + 30):
@@ -146,28 +151,58 @@ async def one_kill(client: durable.Client, db: str, run_id: str, lease: float,
             "completed": done.state.value == "completed" and done.result == "resumed"}
 
 
+ROWS = (("liveness", "liveness (the kernel's lock)", "sqlite", True),
+        ("lease_only", "lease only (baseline)", "sqlite", False),
+        ("postgres_lease", "PostgreSQL: lease only", "postgres", False))
+
+
 async def measure(kills: int, lease: float, baseline_kills: int, baseline_lease: float,
-                  folder: Path) -> dict[str, Any]:
-    db = str(folder / "takeover.db")
+                  folder: Path, pg_url: str | None) -> dict[str, Any]:
+    urls = {"sqlite": f"sqlite:///{folder / 'takeover.db'}", "postgres": pg_url}
     rows: dict[str, Any] = {}
     problems: list[str] = []
-    async with durable.Client.connect(f"sqlite:///{db}", registry=registry) as client:
-        for name, n, row_lease, liveness in (("liveness", kills, lease, True),
-                                             ("lease_only", baseline_kills, baseline_lease,
-                                              False)):
-            samples = [await one_kill(client, db, f"{name}-{i}", row_lease, liveness,
+    for name, _, backend, liveness in ROWS:
+        url = urls[backend]
+        if url is None:
+            continue
+        n, row_lease = (kills, lease) if liveness else (baseline_kills, baseline_lease)
+        async with durable.Client.connect(url, registry=registry) as client:
+            samples = [await one_kill(client, url, f"{name}-{i}", row_lease, liveness,
                                       folder / "victims.log") for i in range(n)]
-            seconds = [s["seconds"] for s in samples]
-            for s in samples:
-                if not s["completed"]:
-                    problems.append(f"{s['run']}: not completed after the takeover")
-                if s["worker_died"] != liveness or s["before_lease_expired"] != liveness:
-                    problems.append(f"{s['run']}: taken over by the wrong path ({s})")
-            rows[name] = {"kills": n, "lease": row_lease,
-                          "median_s": statistics.median(seconds),
-                          "p99_s": percentile(seconds, 0.99), "max_s": max(seconds),
-                          "min_s": min(seconds), "samples": seconds}
+        seconds = [s["seconds"] for s in samples]
+        for s in samples:
+            if not s["completed"]:
+                problems.append(f"{s['run']}: not completed after the takeover")
+            if s["worker_died"] != liveness or s["before_lease_expired"] != liveness:
+                problems.append(f"{s['run']}: taken over by the wrong path ({s})")
+        rows[name] = {"backend": backend, "kills": n, "lease": row_lease,
+                      "median_s": statistics.median(seconds),
+                      "p99_s": percentile(seconds, 0.99), "max_s": max(seconds),
+                      "min_s": min(seconds), "samples": seconds}
     return {"rows": rows, "problems": problems, "check": "FAILED" if problems else "OK"}
+
+
+def postgres_schema(server: str) -> tuple[str | None, str | None]:
+    """(a store URL in a fresh schema, None), or (None, why the PostgreSQL row is skipped)."""
+    try:
+        import psycopg
+    except ImportError:
+        return None, "psycopg is not installed"
+    try:
+        with psycopg.connect(server, connect_timeout=3):
+            pass
+    except psycopg.Error as exc:
+        return None, f"no PostgreSQL server reachable at {server}: {' '.join(str(exc).split())}"
+    return f"{server}?schema=durable_takeover_{uuid.uuid4().hex[:10]}", None
+
+
+def drop_schema(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    server, _, query = url.partition("?schema=")
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(query)))
 
 
 def main() -> int:
@@ -179,6 +214,9 @@ def main() -> int:
                         help="lease of the lease-only row (default: --lease)")
     parser.add_argument("--quick", action="store_true", help="3 kills, a 2 s baseline lease")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--backends", default="sqlite,postgres",
+                        help="sqlite always; postgres adds its lease-only row")
+    parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--victim", help=argparse.SUPPRESS)
     parser.add_argument("--no-liveness", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,21 +230,34 @@ def main() -> int:
     if args.kills < 1 or args.baseline_kills < 1 or args.lease <= 0 or baseline_lease <= 0:
         print("bench_takeover: kills must be at least 1 and leases positive", file=sys.stderr)
         return 2
+    skipped: dict[str, str] = {}
+    pg_url = None
+    if "postgres" in args.backends.split(","):
+        pg_url, why = postgres_schema(args.pg_url)
+        if why is not None:
+            skipped["postgres"] = why
+            print(f"bench_takeover: PostgreSQL row skipped: {why}", file=sys.stderr)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="durable-takeover-") as tmp:
-        report = anyio.run(measure, args.kills, args.lease, args.baseline_kills,
-                           baseline_lease, Path(tmp))
+    try:
+        with tempfile.TemporaryDirectory(prefix="durable-takeover-") as tmp:
+            report = anyio.run(measure, args.kills, args.lease, args.baseline_kills,
+                               baseline_lease, Path(tmp), pg_url)
+    finally:
+        if pg_url is not None:
+            drop_schema(pg_url)
+    report["skipped"] = skipped
     report.update(machine=f"{platform.machine()}, {os.cpu_count()} cores",
                   python=platform.python_version(), durable=durable.__version__,
                   elapsed_s=round(time.monotonic() - started, 1))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print("crash -> resumed on SQLite: SIGKILL -> the new attempt's claim")
+        print("crash -> resumed: SIGKILL -> the new attempt's claim")
         print(f"{'takeover':<34} {'kills':>5} {'lease':>7} {'median':>9} {'p99':>9} "
               f"{'max':>9}")
-        for name, label in (("liveness", "liveness (the kernel's lock)"),
-                            ("lease_only", "lease only (baseline)")):
+        for name, label, _, _ in ROWS:
+            if name not in report["rows"]:
+                continue
             r = report["rows"][name]
             print(f"{label:<34} {r['kills']:>5} {r['lease']:>6.0f}s {_t(r['median_s']):>9} "
                   f"{_t(r['p99_s']):>9} {_t(r['max_s']):>9}")
