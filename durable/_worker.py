@@ -21,8 +21,9 @@ from ._registry import Registry, default_registry
 from ._types import Fence, Run
 from .store import Store
 
-CANCEL_CHECK_GAP = 0.005
-"""Seconds between two reads of the held runs' cancel flags after change signals."""
+BUSY_LOOK_GAP = 0.01
+"""Seconds between two looks of a worker holding runs after change signals (a claim and a
+read of the held runs' cancel flags): its own commits are changes too (SQLite)."""
 
 
 class Worker:
@@ -261,7 +262,7 @@ class Worker:
         flags after a change, never a write (docs/design.md, "Nothing waits for a poll")."""
         if not self.store.pushes_changes:
             return  # polling only
-        checked = -CANCEL_CHECK_GAP
+        looked = -BUSY_LOOK_GAP
         while True:
             try:
                 await self.store.wait_for_work(30.0)
@@ -269,12 +270,14 @@ class Worker:
                 self.log.error("listen_failed", error=str(exc))
                 await anyio.sleep(self.poll_interval)
                 continue
-            self._wake.set()
             if self.active:
-                # a busy worker's own commits are changes too: one check per gap at most
-                await anyio.sleep(max(0.0, checked + CANCEL_CHECK_GAP - anyio.current_time()))
-                checked = anyio.current_time()
+                # a busy worker's own commits are changes too: one look per gap at most
+                await anyio.sleep(max(0.0, looked + BUSY_LOOK_GAP - anyio.current_time()))
+                looked = anyio.current_time()
+                self._wake.set()
                 await self.check_cancels()
+            else:
+                self._wake.set()
 
     async def check_cancels(self) -> None:
         """Stop the attempts whose run an operator cancelled (one read, no write)."""
