@@ -1,0 +1,264 @@
+"""Group commit in the PostgreSQL store (asyncio only: psycopg's async driver).
+
+Concurrent fenced appends and finishes of many attempts go out as one statement. Each write
+is fenced on its own (a refused one takes nothing from the others) and each caller learns
+its own outcome; a batch whose connection dies after it was sent reports an unknown outcome
+(StoreUnavailableError, never NotSentError) to every caller in it. Batches are made
+deterministic by holding a run's row lock from another connection, so the first batch
+waits on the server while the others queue behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import psycopg
+import pytest
+
+from durable._errors import ConfigError, NotSentError, StoreError, StoreUnavailableError
+from durable._types import EntryKind, Fence, JournalWrite, RunState
+from durable.store import store_from_url
+from durable.store._postgres import PostgresStore
+from tests.helpers import poll
+from tests.pg import pg_url, postgres_server, split_url
+from tests.test_store_contract import create, fence, journal_kinds
+
+__all__ = ["pg_url", "postgres_server"]
+
+pytestmark = pytest.mark.anyio
+
+VALUE = JournalWrite(EntryKind.VALUE, data={"n": 1})
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def pg_store(pg_url: str) -> AsyncIterator[PostgresStore]:
+    store = store_from_url(pg_url)
+    assert isinstance(store, PostgresStore)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+async def claimed(store: PostgresStore, n: int, prefix: str = "r") -> list[Fence]:
+    for i in range(n):
+        await create(store, f"{prefix}{i:02d}")
+    runs = await store.claim("w1", 300.0, n)
+    assert len(runs) == n
+    return sorted((fence(r) for r in runs), key=lambda f: f.run_id)
+
+
+async def locker(url: str, run_id: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    """A connection holding ``run_id``'s row lock in an open transaction."""
+    base, schema = split_url(url)
+    conn = await psycopg.AsyncConnection.connect(base, options=f"-c search_path={schema}")
+    await conn.execute("SELECT 1 FROM durable_runs WHERE id = %s FOR UPDATE", (run_id,))
+    return conn
+
+
+async def blocked_by(url: str, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> list[int]:
+    """Server pids of the statements waiting for ``conn``'s locks."""
+    base, _ = split_url(url)
+    async with await psycopg.AsyncConnection.connect(base, autocommit=True) as watcher:
+        cur = await watcher.execute(
+            "SELECT pid FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
+            (conn.info.backend_pid,))
+        return [int(row[0]) for row in await cur.fetchall()]
+
+
+async def test_one_batch_commits_the_writes_whose_fence_holds_and_refuses_the_others(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    first, *fences = await claimed(pg_store, 13)
+    # Odd runs are written with a stale epoch (another attempt's): refused, alone.
+    wrong = {f.run_id for f in fences[1::2]}
+    writes = [Fence(f.run_id, f.epoch + 1000) if f.run_id in wrong else f for f in fences]
+    results: dict[str, bool] = {}
+    lock = await locker(pg_url, first.run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            async def lead() -> None:
+                results[first.run_id] = await pg_store.append(first, [VALUE])
+
+            tg.start_soon(lead)
+            await poll(lambda: pg_store.batches == 1)  # the lead's batch waits for the lock
+
+            async def write(i: int, f: Fence) -> None:
+                if i % 3 == 0:  # finishes and appends in the same batch
+                    results[f.run_id] = await pg_store.finish(
+                        f, RunState.COMPLETED, result=i,
+                        entries=[JournalWrite(EntryKind.RUN_COMPLETED, data={"result": i})])
+                else:
+                    results[f.run_id] = await pg_store.append(f, [VALUE, VALUE])
+
+            for i, f in enumerate(writes):
+                tg.start_soon(write, i, f)
+            await poll(lambda: len(pg_store._pending) == len(writes))
+            await lock.commit()
+    finally:
+        await lock.close()
+    assert pg_store.batches == 2
+    assert pg_store.batched_writes == 1 + len(writes)
+    assert results == {f.run_id: f.run_id not in wrong for f in [first, *fences]}
+    for i, f in enumerate(fences):
+        kinds = await journal_kinds(pg_store, f.run_id)
+        run = await pg_store.get_run(f.run_id)
+        assert run is not None
+        if f.run_id in wrong:  # nothing of a refused write was written
+            assert kinds == ["run_created", "run_claimed"]
+            assert run.state is RunState.RUNNING
+        elif i % 3 == 0:
+            assert kinds == ["run_created", "run_claimed", "run_completed"]
+            assert (run.state, run.result) == (RunState.COMPLETED, i)
+        else:
+            assert kinds == ["run_created", "run_claimed", "value", "value"]
+    assert await journal_kinds(pg_store, first.run_id) == ["run_created", "run_claimed",
+                                                           "value"]
+
+
+async def test_a_batch_whose_connection_dies_after_it_was_sent_is_unknown_to_every_caller(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    first, *fences = await claimed(pg_store, 9)
+    outcomes: dict[str, BaseException | bool] = {}
+
+    async def append(f: Fence) -> None:
+        try:
+            outcomes[f.run_id] = await pg_store.append(f, [VALUE])
+        except StoreError as exc:
+            outcomes[f.run_id] = exc
+
+    lock_first = await locker(pg_url, first.run_id)
+    lock_last = await locker(pg_url, fences[-1].run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append, first)
+            await poll(lambda: pg_store.batches == 1)
+            for f in fences:
+                tg.start_soon(append, f)
+            await poll(lambda: len(pg_store._pending) == len(fences))
+            await lock_first.commit()  # the first batch ends; the second waits on the last run
+            pids = await poll(lambda: blocked_by(pg_url, lock_last))
+            assert pg_store.batches == 2
+            base, _ = split_url(pg_url)
+            async with await psycopg.AsyncConnection.connect(base, autocommit=True) as admin:
+                for pid in pids:
+                    await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    finally:
+        await lock_first.close()
+        await lock_last.close()
+    assert outcomes[first.run_id] is True
+    for f in fences:
+        error = outcomes[f.run_id]
+        assert isinstance(error, StoreUnavailableError), (f.run_id, error)
+        assert not isinstance(error, NotSentError), (f.run_id, error)
+        # (here the statement was aborted: nothing was written, but the callers cannot know)
+        assert await journal_kinds(pg_store, f.run_id) == ["run_created", "run_claimed"]
+    # The store goes on: the next write gets a fresh connection.
+    assert await pg_store.append(fences[0], [VALUE])
+
+
+async def test_a_batch_the_server_refuses_is_sent_again_write_by_write(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    first, *fences = await claimed(pg_store, 5)
+    bad = fences[1]  # a step number PostgreSQL's integer column cannot hold
+    too_big = JournalWrite(EntryKind.STEP_STARTED, step=2**40, step_key="x", name="x",
+                           try_number=1)
+    outcomes: dict[str, BaseException | bool] = {}
+
+    async def append(f: Fence) -> None:
+        try:
+            outcomes[f.run_id] = await pg_store.append(f, [too_big if f == bad else VALUE])
+        except StoreError as exc:
+            outcomes[f.run_id] = exc
+
+    lock = await locker(pg_url, first.run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append, first)
+            await poll(lambda: pg_store.batches == 1)
+            for f in fences:
+                tg.start_soon(append, f)
+            await poll(lambda: len(pg_store._pending) == len(fences))
+            await lock.commit()
+    finally:
+        await lock.close()
+    error = outcomes.pop(bad.run_id)
+    assert isinstance(error, StoreError) and not isinstance(error, StoreUnavailableError)
+    assert "out of range" in str(error)
+    assert outcomes == {f.run_id: True for f in [first, *fences] if f != bad}
+    assert await journal_kinds(pg_store, bad.run_id) == ["run_created", "run_claimed"]
+
+
+async def test_a_lone_writer_does_not_wait_for_company(pg_store: PostgresStore) -> None:
+    (only,) = await claimed(pg_store, 1)
+    for _ in range(5):
+        assert await pg_store.append(only, [VALUE])
+    assert (pg_store.batches, pg_store.batched_writes) == (5, 5)
+    assert await pg_store.finish(only, RunState.COMPLETED, result=1)
+    assert not await pg_store.append(only, [VALUE])  # finished: the fence is gone
+
+
+async def test_a_cancelled_caller_whose_write_is_still_queued_sends_nothing(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    first, second = await claimed(pg_store, 2)
+    queued = anyio.CancelScope()
+    cancelled = anyio.Event()
+
+    async def cancellable() -> None:
+        with queued:
+            await pg_store.append(second, [VALUE])
+        cancelled.set()
+
+    lock = await locker(pg_url, first.run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pg_store.append, first, [VALUE])
+            await poll(lambda: pg_store.batches == 1)
+            tg.start_soon(cancellable)
+            await poll(lambda: len(pg_store._pending) == 1)
+            queued.cancel()
+            await cancelled.wait()
+            assert pg_store._pending == []
+            await lock.commit()
+    finally:
+        await lock.close()
+    assert (pg_store.batches, pg_store.batched_writes) == (1, 1)
+    assert await journal_kinds(pg_store, second.run_id) == ["run_created", "run_claimed"]
+    assert await pg_store.append(second, [VALUE])  # the store still leads new batches
+
+
+def test_group_commit_is_on_unless_the_url_turns_it_off(pg_url: str) -> None:
+    store = store_from_url(pg_url)
+    assert isinstance(store, PostgresStore) and store.group_commit
+    off = store_from_url(pg_url.replace("?", "?group_commit=0&"))
+    assert isinstance(off, PostgresStore) and not off.group_commit
+    assert "group_commit" not in off._conninfo
+    with pytest.raises(ConfigError, match="group_commit must be 1 or 0"):
+        store_from_url(pg_url + "&group_commit=maybe")
+
+
+async def test_without_group_commit_writes_go_one_by_one(pg_url: str) -> None:
+    store = store_from_url(pg_url.replace("?", "?group_commit=0&"))
+    assert isinstance(store, PostgresStore)
+    await store.open()
+    try:
+        fences = await claimed(store, 4)
+        refused = Fence(fences[0].run_id, fences[0].epoch + 1)
+        results = {}
+
+        async def append(i: int, f: Fence) -> None:
+            results[i] = await store.append(f, [VALUE])
+
+        async with anyio.create_task_group() as tg:
+            for i, f in enumerate([refused, *fences[1:]]):
+                tg.start_soon(append, i, f)
+        assert results == {0: False, 1: True, 2: True, 3: True}
+        assert store.batches == 0
+    finally:
+        await store.aclose()
