@@ -53,7 +53,9 @@ async def test_activity_timeout_aborts_the_request_in_flight(
     assert done.state is RunState.FAILED
     assert done.error is not None and "timed out after 0.3 s" in done.error
     assert seen.disconnected_at is not None
-    assert 0.25 <= seen.disconnected_at - seen.arrived < 2.0
+    # the 0.3 s run from the try's start, before the request was sent: on a loaded machine
+    # the connect and send take part of it, so the server holds the request a little less
+    assert 0.15 <= seen.disconnected_at - seen.arrived < 2.0
     journal = await client.journal("t1")
     assert [e.name for e in journal if e.kind.value == "step_started"] == [force_push.name]
 
