@@ -44,8 +44,9 @@ with SQLite's default ``synchronous=FULL``; DBOS takes WAL and the pragma throug
 transactions, ``busy_timeout=30000``, ``foreign_keys=ON``). Commits and fsyncs per step come
 from a second, smaller pass of the no-op workloads (``--count-scale``, a quarter by default),
 never from the timed one: commits counted by a trace callback on every SQLite connection
-(``COMMIT`` statements), fsyncs by ``strace -f --seccomp-bpf -ttt -e trace=fsync,fdatasync``
-counted between the workload's start and end (skipped with a note if strace is missing).
+(``COMMIT`` statements), fsyncs by ``strace -f --seccomp-bpf -ttt -e trace=fsync,fdatasync``,
+both only inside each workload's timed window (set-up and schema creation excluded); fsyncs
+are "n/a" with a note where strace is missing.
 
 Run: ``python scripts/bench_peer.py --plots docs/bench`` (about 5 minutes on 2 cores);
 ``--quick`` for a smoke run. Figures: docs/benchmarks.md, "Side by side with DBOS Transact".
@@ -353,11 +354,11 @@ async def durable_noop_one(url: str, runs: int, at_once: bool,
         store.finish = finish
         worker = durable.Worker(store, registry=ns["registry"],
                                 concurrency=runs if at_once else 1, poll_interval=0.05)
-        w0, c0 = now(), time.process_time()
+        start = mark()
         async with anyio.create_task_group() as tg:
             if at_once:
                 await tg.start(worker.run)
-                w0, c0 = now(), time.process_time()
+                start = mark()
                 async with anyio.create_task_group() as starts:
                     for _ in range(runs):
                         starts.start_soon(client.start, ns["steps"], steps)
@@ -367,16 +368,23 @@ async def durable_noop_one(url: str, runs: int, at_once: bool,
                 await tg.start(worker.run)
             with anyio.fail_after(max(120.0, runs * 0.1)):
                 await done.wait()
-            elapsed, cpu = now() - w0, time.process_time() - c0
+            result = figures(runs * steps, start)
             worker.shutdown()
     finally:
         await store.aclose()
-    return figures(runs * steps, elapsed, cpu)
+    return result
 
 
-def figures(steps: int, elapsed: float, cpu: float) -> dict[str, Any]:
+def mark() -> tuple[float, float, int, float]:
+    """The start of a timed window: monotonic, CPU, commits so far, wall clock (strace's)."""
+    return now(), time.process_time(), COMMITS["n"], time.time()
+
+
+def figures(steps: int, start: tuple[float, float, int, float]) -> dict[str, Any]:
+    elapsed, cpu = now() - start[0], time.process_time() - start[1]
     return {"steps": steps, "seconds": elapsed, "steps_per_s": steps / elapsed,
-            "cpu_ms_per_step": 1000 * cpu / steps, "t0_wall": None}
+            "cpu_ms_per_step": 1000 * cpu / steps, "commits": COMMITS["n"] - start[2],
+            "wall": [start[3], time.time()]}
 
 
 async def durable_latency(opts: dict[str, Any]) -> dict[str, Any]:
@@ -625,13 +633,13 @@ async def dbos_noop(opts: dict[str, Any]) -> dict[str, Any]:
     for name, runs in (("sequential", opts["sequential"]), ("concurrent", opts["concurrent"])):
         if not runs:
             continue
-        w0, c0 = now(), time.process_time()
+        start = mark()
         if name == "sequential":
             for _ in range(runs):
                 await ns["steps"](steps)
         else:
             await asyncio.gather(*(ns["steps"](steps) for _ in range(runs)))
-        out[name] = figures(runs * steps, now() - w0, time.process_time() - c0)
+        out[name] = figures(runs * steps, start)
     return out
 
 
@@ -796,11 +804,6 @@ def child(opts: dict[str, Any]) -> None:
     assert fn is not None
 
     async def main() -> dict[str, Any]:
-        marks: dict[str, Any] = {}
-        if opts["mode"] == "noop":
-            result = await fn(opts)
-            marks = {"commits": COMMITS["n"]}
-            return {"result": result, **marks}
         return {"result": await fn(opts)}
 
     if opts["engine"] == "durable":
@@ -905,12 +908,6 @@ class Parent:
                 "start_to_resumed_s": second["resumed"] - spawned,
                 "state": second.get("state")}
 
-    def fsyncs(self, trace: Path) -> int:
-        if not trace.exists():
-            return 0
-        return sum(1 for line in trace.read_text().splitlines()
-                   if "fsync(" in line or "fdatasync(" in line)
-
     def run(self) -> dict[str, Any]:
         a = self.args
         engines = ["durable"] + (["dbos"] if have_dbos() and not a.skip_dbos else [])
@@ -946,31 +943,34 @@ class Parent:
         return res
 
     def count(self, engine: str, level: str) -> dict[str, Any]:
-        """Commits and fsyncs per step, from a smaller pass of its own (two sizes, so the
-        set-up's commits and fsyncs cancel out)."""
+        """Commits and fsyncs per step, from a smaller pass of its own: the commits counted
+        inside each workload's timed window, the fsyncs whose strace timestamp falls in it."""
         a = self.args
+        seq = max(2, round(a.sequential * a.count_scale))
+        conc = max(2, round(a.concurrent * a.count_scale))
+        trace = self.folder / f"strace-{engine}-{level}.txt"
+        out = self.run_child(self.opts(engine, "noop", durability=level, count=True,
+                                       sequential=seq, concurrent=conc),
+                             strace_out=trace)["result"]
+        stamps = self.fsync_stamps(trace) if self.strace else None
         per: dict[str, Any] = {}
-        got = []
-        for scale in (a.count_scale, 2 * a.count_scale):
-            seq = max(2, int(a.sequential * scale))
-            conc = max(2, int(a.concurrent * scale))
-            opts = self.opts(engine, "noop", durability=level, count=True,
-                             sequential=seq, concurrent=conc)
-            both = {}
-            for only, (s, c) in (("sequential", (seq, 0)), ("concurrent", (0, conc))):
-                trace = self.folder / f"strace-{self.n}-{only}.txt"
-                o = dict(opts, sequential=s, concurrent=c)
-                out = self.run_child(o, strace_out=trace)
-                both[only] = (s or c, out["commits"], self.fsyncs(trace) if self.strace
-                              else None)
-            got.append(both)
-        for only in ("sequential", "concurrent"):
-            (r1, c1, f1), (r2, c2, f2) = got[0][only], got[1][only]
-            steps = (r2 - r1) * a.steps
-            per[only] = {"commits_per_step": (c2 - c1) / steps if steps else None,
-                         "fsyncs_per_step": (None if f1 is None or f2 is None or not steps
-                                             else (f2 - f1) / steps)}
+        for name, got in out.items():
+            t0, t1 = got["wall"]
+            per[name] = {"commits_per_step": got["commits"] / got["steps"],
+                         "fsyncs_per_step": (None if stamps is None else
+                                             sum(t0 <= t <= t1 for t in stamps) / got["steps"])}
         return per
+
+    def fsync_stamps(self, trace: Path) -> list[float]:
+        """The wall-clock times of the fsync/fdatasync calls in an ``strace -f -ttt`` log."""
+        stamps = []
+        for line in trace.read_text().splitlines() if trace.exists() else []:
+            if "fsync(" in line or "fdatasync(" in line:
+                fields = line.split()
+                stamp = fields[1] if fields[0].isdigit() else fields[0]  # "PID TIME call"
+                with contextlib.suppress(ValueError):
+                    stamps.append(float(stamp))
+        return stamps
 
 
 def say(text: str) -> None:
@@ -992,8 +992,12 @@ def pct(values: list[float | None], q: float) -> float | None:
 
 
 def ratio(a: float | None, b: float | None, higher_better: bool) -> str:
-    if a is None or b is None or a <= 0 or b <= 0:
+    if a is None or b is None or a < 0 or b < 0:
         return "n/a"
+    if a == 0 or b == 0:  # a count of none on one side (fsyncs, commits)
+        if a == b:
+            return "equal (none)"
+        return "n/a (none on " + (("durable" if a == 0 else "DBOS") + ")")
     r = a / b if higher_better else b / a
     return f"{r:.2f}x"
 
@@ -1026,10 +1030,10 @@ def table(res: dict[str, Any], args: argparse.Namespace) -> tuple[str, list[list
             row(label, "CPU ms per step", name, d["cpu_ms_per_step"],
                 x and x["cpu_ms_per_step"], 3, False)
             row(label, "commits per step", name, dc["commits_per_step"],
-                xc.get("commits_per_step"), 2, False)
+                xc.get("commits_per_step"), 3, False)
             fs_skip = None if shutil.which("strace") else "n/a (no strace)"
             row(label, "fsyncs per step", name, dc["fsyncs_per_step"],
-                xc.get("fsyncs_per_step"), 2, False, x_text=fs_skip if dbos else None)
+                xc.get("fsyncs_per_step"), 3, False, x_text=fs_skip if dbos else None)
     lat = res["latency"]
     dh, xh = lat["durable/asyncio"].get("http"), lat.get("dbos/asyncio", {}).get("http")
     hl = f"HTTP: {args.http} at once, each one GET"
