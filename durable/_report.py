@@ -616,6 +616,9 @@ def _event_phrase(row: dict[str, JSON]) -> str:
     if kind == "run_interrupted":
         return (f"attempt interrupted ({detail.get('reason') or '?'}); "
                 "its lease was released for another worker")
+    if kind == "run_recovered" and detail.get("worker_died"):
+        return (f"run recovered: worker {detail.get('worker') or '?'} died (its liveness lock "
+                "was free), taken over before its lease expired")
     if kind == "run_recovered":
         return (f"run recovered: the lease of worker {detail.get('worker') or '?'} expired "
                 f"{when('lease_expired_at')}")

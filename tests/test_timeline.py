@@ -332,3 +332,14 @@ async def test_an_accepted_step_shows_as_accepted_by_operator(tmp_path: Path) ->
 async def _finished(client: durable.Client, run_id: str) -> Any:
     run = await client.get(run_id)
     return run if run.state.finished else None
+
+
+def test_a_recovery_by_the_liveness_lock_says_the_worker_died() -> None:
+    from durable._report import _event_phrase
+
+    died = _event_phrase({"event": "run_recovered", "at": 1.0,
+                          "detail": {"worker": "vm:1:ab", "worker_died": True}})
+    assert died.startswith("run recovered: worker vm:1:ab died")
+    expired = _event_phrase({"event": "run_recovered", "at": 1.0,
+                             "detail": {"worker": "vm:1:ab"}})
+    assert "the lease of worker vm:1:ab expired" in expired
