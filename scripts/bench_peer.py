@@ -1141,7 +1141,7 @@ def plots(res: dict[str, Any], folder: Path) -> list[Path]:
         xs = [i + (k - 0.5) * width for i in range(len(labels))]
         bars = ax.bar(xs, series[engine], width,
                       label="durable" if engine == "durable" else "DBOS Transact")
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(labels)), labels)
     ax.set_yscale("log")
     ax.set_ylabel("ms (log scale); 0 = never")
@@ -1187,6 +1187,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plots", type=Path, default=None, help="write PNG plots to this folder")
     p.add_argument("--json", type=Path, default=None, help="write every figure as JSON")
     p.add_argument("--skip-dbos", action="store_true")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="print the table and draw the plots of a run saved with --json "
+                        "(give the sizes that run used)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -1211,8 +1214,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
-    print(f"durable vs DBOS Transact, {machine()}")
-    res = Parent(args).run()
+    if args.from_json is not None:
+        try:
+            res = json.loads(args.from_json.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"bench_peer: cannot read {args.from_json}: {exc}", file=sys.stderr)
+            return 2
+        print(f"durable vs DBOS Transact, {res.get('machine', 'machine not recorded')}")
+    else:
+        print(f"durable vs DBOS Transact, {machine()}")
+        res = Parent(args).run()
+        res["machine"] = machine()
     text, _rows = table(res, args)
     print()
     print(text)
@@ -1221,8 +1233,11 @@ def main(argv: list[str] | None = None) -> int:
     if not shutil.which("strace"):
         print("\nfsyncs per step: n/a (strace not found; apt-get install strace)")
     if args.plots is not None:
-        for path in plots(res, args.plots):
-            print(f"plot: {path}")
+        if importlib.util.find_spec("matplotlib") is None:
+            print("\nplots: skipped (matplotlib is not installed)")
+        else:
+            for path in plots(res, args.plots):
+                print(f"plot: {path}")
     if args.json is not None:
         args.json.write_text(json.dumps(res, indent=1))
     return 0
