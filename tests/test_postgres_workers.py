@@ -228,7 +228,11 @@ async def test_four_workers_complete_2000_runs_once_and_take_over_a_killed_worke
                   if pid_of(worker_of(e)) == victim.pid and e["epoch"] not in finished}
     assert recoveries, "no run_recovered entry"
     assert {(e["run_id"], e["epoch"]) for e in recoveries} == unfinished
-    assert {(i, r["epoch"]) for i, r in held.items()} <= unfinished
+    # A statement the victim sent just before it died still runs on the server (a group-
+    # committed batch of finishes takes a while): a run seen held right after the kill may
+    # then end under the victim's epoch, fenced by its still valid lease. Every other held
+    # run was recovered.
+    assert {(i, r["epoch"]) for i, r in held.items() if r["epoch"] not in finished} <= unfinished
     for rec in recoveries:
         data = json.loads(rec["data"])
         assert data["worker"] == victim_id
