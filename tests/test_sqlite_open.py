@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+import durable
 from durable.store import store_from_url
 
 ROUNDS = 20
@@ -97,3 +98,21 @@ def test_concurrent_first_opens_from_several_processes_all_succeed(tmp_path: Pat
                 "SELECT value FROM durable_meta WHERE key = 'schema_version'").fetchone()
         finally:
             conn.close()
+
+
+@pytest.mark.anyio
+async def test_opening_a_current_database_takes_no_write_lock(tmp_path: Path) -> None:
+    """Read commands (list, show, the console) open without a write transaction: they open
+    and answer while another process holds the write lock."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    async with durable.Client.connect(url) as client:  # creates and migrates: writes
+        await client.store.schema_version()
+    writer = sqlite3.connect(tmp_path / "d.db", isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # the write lock, held for the whole block
+        with anyio.fail_after(10):
+            async with durable.Client.connect(url, create=False) as client:
+                assert await client.list() == []
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()

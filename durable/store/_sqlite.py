@@ -171,7 +171,10 @@ class SqliteStore(Store):
             raise StoreUnavailableError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._db = db
         try:
-            await self._run(self._migrate)
+            # a database already at this schema is opened with a read: read commands (list,
+            # show, the console) never take the write lock; only an upgrade writes
+            if await self._run(self._current_schema, write=False) != SCHEMA_VERSION:
+                await self._run(self._migrate)  # decided again under the write lock
             if isinstance(self.clock, BootClock):  # the host's one clock, anchored once a boot
                 if not await self._run(self._adopt_clock, write=False):
                     await self._run(self._store_clock)
@@ -237,6 +240,14 @@ class SqliteStore(Store):
             return 0
         row = conn.execute("SELECT value FROM durable_meta WHERE key = 'schema_version'").fetchone()
         return int(row[0]) if row else 0
+
+    def _current_schema(self, conn: sqlite3.Connection) -> int | None:
+        """The schema version by a read, or None when only the write lock can tell (a file
+        another process is creating right now may show its tables before its schema)."""
+        try:
+            return self._read_version(conn)
+        except StoreUnavailableError:
+            return None
 
     def _migrate(self, conn: sqlite3.Connection) -> int:
         version = self._read_version(conn)
