@@ -57,6 +57,9 @@ from ._thread import DbThread, retry_busy
 
 T = TypeVar("T")
 Q = load_queries("sqlite")
+# one recovery statement, two ways of choosing the runs (queries.sql: recover_which_*)
+Q["recover_stale"] = Q["recover"].replace("/*which*/", Q["recover_which_stale"])
+Q["recover_dead"] = Q["recover"].replace("/*which*/", Q["recover_which_dead"])
 
 
 def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:

@@ -141,9 +141,13 @@ FROM durable_runs
 WHERE state = 'running' AND lease_expires_at <= :now
   AND (:run_id IS NULL OR (id = :run_id AND epoch = :epoch));
 
--- name: recover_stale
--- Requeue, unless a cancel is pending (then cancelled) or the run has now been recovered
--- more than :max_recoveries times (then failed, naming the step its last attempt started).
+-- name: recover
+-- The one recovery of a run whose attempt is over (recover_stale, recover_dead: the
+-- recover_which_* fragment says which runs: stale, those whose lease expired, one of them
+-- with :run_id and :epoch; dead, one run of a dead worker by (id, epoch, same worker),
+-- regardless of the lease, since the dead process can write nothing). Requeue, unless a
+-- cancel is pending (then cancelled) or the run has now been recovered more than
+-- :max_recoveries times (then failed, naming the step its last attempt started).
 UPDATE durable_runs
 SET state = CASE WHEN cancel_requested THEN 'cancelled'
                  WHEN recoveries + 1 > :max_recoveries THEN 'failed'
@@ -163,13 +167,18 @@ SET state = CASE WHEN cancel_requested THEN 'cancelled'
         ELSE error END,
     recoveries = recoveries + 1,
     worker = NULL, lease_expires_at = NULL, run_at = :now, updated_at = :now
-WHERE state = 'running' AND lease_expires_at <= :now
-  AND (:run_id IS NULL OR (id = :run_id AND epoch = :epoch))
+WHERE state = 'running' AND /*which*/
 RETURNING id, epoch, state, error, recoveries,
     (SELECT j.step FROM durable_journal AS j
      WHERE j.run_id = durable_runs.id AND j.epoch = durable_runs.epoch
        AND j.kind = 'step_started' ORDER BY j.seq DESC LIMIT 1) AS step;
 
+
+-- name: recover_which_stale
+lease_expires_at <= :now AND (:run_id IS NULL OR (id = :run_id AND epoch = :epoch))
+
+-- name: recover_which_dead
+id = :run_id AND epoch = :epoch AND worker = :worker
 -- name: journal
 SELECT * FROM durable_journal WHERE run_id = :run_id AND seq > :after ORDER BY seq;
 
@@ -253,31 +262,3 @@ SELECT id, epoch, 'run_recovered', :now,
                    'lease_expires_at', lease_expires_at, 'last_heartbeat_at', heartbeat_at)
 FROM durable_runs
 WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND worker = :worker;
-
--- name: recover_dead
--- As recover_stale, for one run of a dead worker: a compare-and-set on (id, epoch, still
--- running, same worker), regardless of the lease (the dead process can write nothing).
-UPDATE durable_runs
-SET state = CASE WHEN cancel_requested THEN 'cancelled'
-                 WHEN recoveries + 1 > :max_recoveries THEN 'failed'
-                 ELSE 'queued' END,
-    error = CASE
-        WHEN cancel_requested THEN :cancelled_error
-        WHEN recoveries + 1 > :max_recoveries THEN
-            'the worker died (or froze past its lease) ' || (recoveries + 1)
-            || ' times while running this run, the last time '
-            || coalesce((SELECT 'at step ' || j.step || ' (' || coalesce(j.name, '?') || ')'
-                         FROM durable_journal AS j
-                         WHERE j.run_id = durable_runs.id AND j.epoch = durable_runs.epoch
-                           AND j.kind = 'step_started'
-                         ORDER BY j.seq DESC LIMIT 1),
-                        'when no step was running')
-            || '; gave up after max_recoveries=' || :max_recoveries || ' recoveries'
-        ELSE error END,
-    recoveries = recoveries + 1,
-    worker = NULL, lease_expires_at = NULL, run_at = :now, updated_at = :now
-WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND worker = :worker
-RETURNING id, epoch, state, error, recoveries,
-    (SELECT j.step FROM durable_journal AS j
-     WHERE j.run_id = durable_runs.id AND j.epoch = durable_runs.epoch
-       AND j.kind = 'step_started' ORDER BY j.seq DESC LIMIT 1) AS step;
