@@ -95,15 +95,7 @@ class Stage:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        for name in ("PAAS", "GITHOST", "TTS", "NOTIFY"):
-            env[f"DURABLE_{name}_URL"] = self.services.url
-            env[f"DURABLE_{name}_TOKEN"] = self.services.token
-        env.update({"DURABLE_AUDIO_DIR": str(self.tmp / "audio"),
-                    "DURABLE_GIT_WORKDIR": str(self.tmp / "git-work"),
-                    "DURABLE_GIT_TIMEOUT": "5",
-                    "DURABLE_NOTIFY_HOOK": "slots"})
+        env = self.services.worker_env(self.tmp)
         env.pop("DURABLE_CONSOLE_TOKEN", None)
         return env
 

@@ -84,16 +84,8 @@ class Tour:
 
     # -- processes --------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        for name in ("PAAS", "GITHOST", "TTS", "NOTIFY"):
-            env[f"DURABLE_{name}_URL"] = self.services.url
-            env[f"DURABLE_{name}_TOKEN"] = self.services.token
-        env.update({"DURABLE_AUDIO_DIR": str(self.tmp / "audio"),
-                    "DURABLE_GIT_WORKDIR": str(self.tmp / "git-work"),
-                    "DURABLE_GIT_TIMEOUT": str(GIT_TIMEOUT),
-                    "DURABLE_NOTIFY_HOOK": "slots",
-                    "DURABLE_CONSOLE_URL": self.console_url})
+        env = self.services.worker_env(self.tmp, git_timeout=GIT_TIMEOUT)
+        env["DURABLE_CONSOLE_URL"] = self.console_url
         return env
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:

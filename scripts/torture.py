@@ -123,16 +123,7 @@ class Torture:
 
     # -- processes ---------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        for name in ("PAAS", "GITHOST", "TTS", "NOTIFY"):
-            env[f"DURABLE_{name}_URL"] = self.services.url
-            env[f"DURABLE_{name}_TOKEN"] = self.services.token
-        env.update({"DURABLE_AUDIO_DIR": str(self.tmp / "audio"),
-                    "DURABLE_GIT_WORKDIR": str(self.tmp / "git-work"),
-                    "DURABLE_GIT_TIMEOUT": "5",
-                    "DURABLE_NOTIFY_HOOK": "slots"})
-        return env
+        return self.services.worker_env(self.tmp)
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         n = len(self.procs)

@@ -48,6 +48,22 @@ class FakeServices:
     def pid(self) -> int:
         return self.process.pid
 
+    def worker_env(self, tmp: Path, *, git_timeout: float = 5.0) -> dict[str, str]:
+        """The environment of a worker running the operations (``--import workflows``)
+        against these services: every API's URL and token, the audio and git folders under
+        ``tmp``, and the checkout on PYTHONPATH."""
+        root = SCRIPT.parent.parent
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        for name in ("PAAS", "GITHOST", "TTS", "NOTIFY"):
+            env[f"DURABLE_{name}_URL"] = self.url
+            env[f"DURABLE_{name}_TOKEN"] = self.token
+        env.update({"DURABLE_AUDIO_DIR": str(tmp / "audio"),
+                    "DURABLE_GIT_WORKDIR": str(tmp / "git-work"),
+                    "DURABLE_GIT_TIMEOUT": f"{git_timeout:g}",
+                    "DURABLE_NOTIFY_HOOK": "slots"})
+        return env
+
     def close(self) -> None:
         self._admin.close()
 
