@@ -39,7 +39,7 @@ from .._logging import get_logger, redact, redact_json
 from .._progress import progress
 from .._report import RecoveryReport, parse_time
 from .._shapes import entry_json, run_json, show_json
-from .._types import JSON, Run, RunState
+from .._types import JSON, EntryKind, Run, RunState
 from . import _render as render
 
 STATIC = Path(__file__).parent / "static"
@@ -91,7 +91,7 @@ class Console:
         entries = await store.journal(run_id)
         written: dict[tuple[str, str], int] = {}
         for e in entries:
-            if e.name == "durable.set_records" and e.kind.value == "step_completed":
+            if e.name == "durable.set_records" and e.kind is EntryKind.STEP_COMPLETED:
                 for ns, key in e.data.get("records", []):
                     written[(ns, key)] = e.epoch
         records = [(ns, key, await store.get_record(ns, key), epoch)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,7 +20,7 @@ from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
 from .._report import RecoveryReport, _current_epoch, duration, utc
-from .._types import JSON, EntryKind, JournalEntry, Record, Run, RunState
+from .._types import EntryKind, JournalEntry, Record, Run, RunState
 
 STATES = [s.value for s in RunState]
 
@@ -260,9 +260,8 @@ def progress_bar(p: Progress | None) -> str:
         return ""
     total = max(p.total, 1)
     parts = [("done", p.done), ("failed", p.failed), ("in_flight", p.in_flight)]
-    doubt = getattr(p, "in_doubt", 0)
-    if doubt:
-        parts.append(("in_doubt", doubt))
+    if p.in_doubt:
+        parts.append(("in_doubt", p.in_doubt))
     # an SVG bar: its geometry is attributes, not inline styles (the CSP forbids those)
     bars, x = [], 0.0
     for name, count in parts:
@@ -505,10 +504,3 @@ def status_page(workflow: str, key: str, run_id: str, chrome: Chrome) -> str:
 def refused_page(message: str, chrome: Chrome) -> str:
     return page("Refused", f'<h1>Refused</h1><p class="refused">{text(message)}</p>'
                 '<p><a href="/runs">back to the runs</a></p>', chrome)
-
-
-def items_list(values: Iterable[str]) -> str:
-    return "".join(f"<li>{text(v)}</li>" for v in values)
-
-
-JSONDict = dict[str, JSON]
