@@ -36,6 +36,8 @@ from ._errors import StoreError as StoreError
 from ._errors import StoreUnavailableError as StoreUnavailableError
 from ._errors import UnknownWorkflowError as UnknownWorkflowError
 from ._history import StepView as StepView
+from ._interceptors import Counters as Counters
+from ._interceptors import Interceptor as Interceptor
 from ._logging import RedactingFilter as RedactingFilter
 from ._logging import configure_logging as configure_logging
 from ._registry import NOT_DONE as NOT_DONE
@@ -71,9 +73,11 @@ __all__ = [
     "Client",
     "Clock",
     "ConfigError",
+    "Counters",
     "DurableError",
     "EntryKind",
     "FakeClock",
+    "Interceptor",
     "InvalidStateError",
     "JournalEntry",
     "LeaseLostError",

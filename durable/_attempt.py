@@ -43,6 +43,15 @@ from ._errors import (
     StoreError,
 )
 from ._history import History
+from ._interceptors import (
+    AttemptInfo,
+    Chain,
+    InterceptedTransport,
+    RequestInfo,
+    WriteInfo,
+    around,
+    tell,
+)
 from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease
 from ._logging import get_logger, redact
@@ -98,6 +107,7 @@ class Attempt:
         transport: httpx.AsyncBaseTransport | None = None,
         worker_id: str = "",
         console_url: str | None = None,
+        chain: Chain | None = None,
     ) -> None:
         self.store = store
         self.run = run
@@ -116,10 +126,30 @@ class Attempt:
         self._transport = transport
         self._own_transport: WorkerTransport | None = None
         self._worker_id = worker_id
+        self.chain = chain
+        """The worker's interceptors (None: none, and nothing is called)."""
+        self._info: AttemptInfo | None = None
         self.log = get_logger("durable.attempt", workflow_id=run.id, workflow=run.workflow,
                               attempt=run.attempt, epoch=run.epoch)
 
     # -- lease and stop ------------------------------------------------------------------------
+    @property
+    def info(self) -> AttemptInfo:
+        """What interceptors are told about this attempt."""
+        if self._info is None:
+            self._info = AttemptInfo(self.run, self._worker_id, read_headers=self._headers)
+        return self._info
+
+    async def _headers(self) -> Mapping[str, str]:
+        """The headers the client kept with the run (its ``run_created`` entry)."""
+        for entry in await self.store.journal(self.run.id):
+            if entry.kind is EntryKind.RUN_CREATED:
+                headers = entry.data.get("headers")
+                if isinstance(headers, dict):
+                    return {str(k): str(v) for k, v in headers.items()}
+                break
+        return {}
+
     @property
     def lost(self) -> bool:
         return self.lease.lost is not None
@@ -145,6 +175,8 @@ class Attempt:
         """The lease is gone: refuse every request and write from now on, and stop."""
         if not self.lost:
             self.log.info("attempt_stopping", reason=reason)
+            if self.chain is not None and self.chain.lease_lost:
+                tell(self.chain.lease_lost, self.info, reason)
         self.lease.lose(reason)
         self.scope.cancel()
 
@@ -182,7 +214,8 @@ class Attempt:
             return
         written = False
         try:
-            written = await self.fenced(lambda: self.store.append(self.fence, batch))
+            written = await self.fenced(lambda: self.store.append(self.fence, batch),
+                                        "append", len(batch))
         except StoreError as exc:
             # cannot tell whether it committed: stop here and let recovery resume the run
             self.log.error("journal_write_failed", error=str(exc))
@@ -190,14 +223,22 @@ class Attempt:
             self.lose("a journal write was refused, or its outcome is unknown")
             raise self.refusal()
 
-    async def fenced(self, write: Callable[[], Awaitable[bool]]) -> bool:
+    async def fenced(self, write: Callable[[], Awaitable[bool]], kind: str = "append",
+                     entries: int = 0) -> bool:
         """One fenced store write, shielded (bounded by :data:`WRITE_TIMEOUT` and the lease).
 
         A write the store says was never sent (:class:`NotSentError`: no connection could be
         had, the database stayed busy) changed nothing, so it is tried again, with backoff,
         while the lease holds; any other store error leaves its outcome unknown and is
         raised. False when the fence refused it, or when the time ran out before an answer.
+        ``kind`` and ``entries`` say what it is, for interceptors (:class:`WriteInfo`).
         """
+        if self.chain is not None and self.chain.write:
+            return bool(await around(self.chain.write, WriteInfo(self.run, kind, entries),
+                                     lambda: self._fenced(write)))
+        return await self._fenced(write)
+
+    async def _fenced(self, write: Callable[[], Awaitable[bool]]) -> bool:
         delay = 0.05
         while True:
             try:
@@ -222,7 +263,7 @@ class Attempt:
         written = False
         try:
             written = await self.fenced(lambda: self.store.put_records(
-                self.fence, records, batch, expected=expected))
+                self.fence, records, batch, expected=expected), "records", len(batch))
         except StaleRecordError:  # nothing was written: the deferred entries go with the next
             self._deferred = [*batch[:-1], *self._deferred]
             raise
@@ -257,11 +298,15 @@ class Attempt:
             request.extensions[LOG_EXTENSION] = log  # the pool's wait warning names the step
 
         log = self.log.bind(step=ctx.step)
-        transport = self._transport
+        transport: httpx.AsyncBaseTransport | None = self._transport
         if transport is None:  # an attempt run without a worker: a pool of its own
             if self._own_transport is None:
                 self._own_transport = WorkerTransport(OWN_CONNECTIONS)
             transport = self._own_transport
+        if self.chain is not None and self.chain.request:
+            transport = InterceptedTransport(
+                transport, self.chain.request,
+                RequestInfo(self.run, ctx.step, ctx.step_key, ctx.try_number))
         return HttpClient(
             transport=transport,
             headers={IDEMPOTENCY_HEADER: ctx.idempotency_key,
@@ -272,8 +317,9 @@ class Attempt:
         )
 
     # -- running ---------------------------------------------------------------------------------
-    async def execute(self) -> None:
-        """Run the workflow to an outcome and record it (unless the lease was lost)."""
+    async def execute(self) -> str:
+        """Run the workflow to an outcome and record it (unless the lease was lost); the
+        outcome (:data:`durable._interceptors.ATTEMPT_OUTCOMES`) is returned."""
         outcome: tuple[str, Any] | None = None
         try:
             with self.scope:
@@ -307,13 +353,15 @@ class Attempt:
         elif outcome is None:  # pragma: no cover - the lease check above catches it
             self.lease.lose("lease expired locally (renewals failed)")
             outcome = ("abandoned", self.lease.lost)
+        ended = "superseded"
         with anyio.move_on_after(CLEANUP_TIMEOUT, shield=True) as cleanup:
             self.concluding = True
-            await self._conclude(*outcome)
+            ended = await self._conclude(*outcome)
             if self._own_transport is not None:
                 await self._own_transport.aclose()
         if cleanup.cancelled_caught:
             self.log.error("conclude_timed_out", timeout=CLEANUP_TIMEOUT)
+        return ended
 
     def _signalled(self, exc: AttemptCancelled) -> None:
         if isinstance(exc, LeaseLostError):  # a refusal, or a service said "superseded"
@@ -362,15 +410,19 @@ class Attempt:
                     "start a new run")
         return None
 
-    async def _conclude(self, kind: str, value: Any) -> None:
+    async def _conclude(self, kind: str, value: Any) -> str:
+        """Journal the outcome; what happened: ``completed``, ``failed``, ``cancelled``,
+        ``released``, ``abandoned`` or ``superseded`` (the write was refused or failed)."""
         log = self.log
+        ended = kind
         steps = self.steps
         ok = True
         try:
             if kind == "completed":
                 entries = self._take_deferred([JournalWrite(EntryKind.RUN_COMPLETED)])
                 ok = await self.fenced(lambda: self.store.finish(
-                    self.fence, RunState.COMPLETED, result=value, entries=entries))
+                    self.fence, RunState.COMPLETED, result=value, entries=entries),
+                    "finish", len(entries))
                 log.info("run_completed") if ok else None
             elif kind == "failed":
                 exc: BaseException = value
@@ -384,31 +436,37 @@ class Attempt:
                     [*steps.doubt_entries("the run failed while it was in flight"),
                      JournalWrite(EntryKind.RUN_FAILED, data=data)])
                 ok = await self.fenced(lambda: self.store.finish(
-                    self.fence, RunState.FAILED, error=message, entries=entries))
+                    self.fence, RunState.FAILED, error=message, entries=entries),
+                    "finish", len(entries))
                 log.warning("run_failed", error=message) if ok else None
             elif kind == "abandoned":
                 log.warning("attempt_abandoned", reason=value,
                             in_flight=sorted(steps.in_flight))
-                return
+                return "abandoned"
             elif value == "cancelled":
+                ended = "cancelled"
                 entries = self._take_deferred(
                     [*steps.doubt_entries("cancelled while in flight", earlier=True),
                      JournalWrite(EntryKind.RUN_CANCELLED, data={"by": "operator"})])
                 ok = await self.fenced(lambda: self.store.finish(
                     self.fence, RunState.CANCELLED, error="cancelled by an operator",
-                    entries=entries))
+                    entries=entries), "finish", len(entries))
                 log.info("run_cancelled") if ok else None
             else:  # shutdown: give the run back at once
+                ended = "released"
                 entries = self._take_deferred(
                     [*steps.doubt_entries(f"interrupted by {value}"),
                      JournalWrite(EntryKind.RUN_INTERRUPTED, data={"reason": value})])
-                ok = await self.fenced(lambda: self.store.release(self.fence, entries))
+                ok = await self.fenced(lambda: self.store.release(self.fence, entries),
+                                       "release", len(entries))
                 log.info("run_released", reason=value) if ok else None
         except StoreError as exc:
             log.error("conclude_failed", error=str(exc))
-            return
+            return "superseded"
         if not ok:
             log.warning("attempt_superseded", outcome=kind)
+            return "superseded"
+        return ended
 
     # -- what the contexts call ----------------------------------------------------------------
     async def run_step(self, act: Any, args: tuple[Any, ...], key: str | None) -> Any:

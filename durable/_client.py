@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -20,6 +20,7 @@ from ._errors import (
     RunNotFoundError,
 )
 from ._history import History
+from ._interceptors import Chain, Interceptor, StartInfo, tell
 from ._logging import get_logger
 from ._registry import Registry, Workflow, default_registry
 from ._report import RecoveryReport
@@ -34,22 +35,29 @@ class Client:
     """Starts and inspects runs. Every read recovers runs whose lease expired (read path)."""
 
     def __init__(self, store: Store, *, registry: Registry | None = None,
-                 console_url: str | None = None) -> None:
+                 console_url: str | None = None,
+                 interceptors: Sequence[Interceptor] = ()) -> None:
         self.store = store
         self.registry = registry or default_registry
         self.console_url = console_url
+        self.interceptors = tuple(interceptors)
+        """Told of each run :meth:`start` creates (``on_start``: they may add headers, kept
+        with the run for the worker's interceptors, e.g. a trace context)."""
+        self._chain = Chain.of(self.interceptors)
         self.log = get_logger("durable.client")
 
     @classmethod
     @asynccontextmanager
     async def connect(cls, url: str, *, clock: Clock | None = None,
                       registry: Registry | None = None, console_url: str | None = None,
-                      create: bool = True) -> AsyncIterator[Client]:
+                      create: bool = True,
+                      interceptors: Sequence[Interceptor] = ()) -> AsyncIterator[Client]:
         """Open the store at ``url`` for the duration of the block."""
         store = store_from_url(url, clock=clock, create=create)
         await store.open()
         try:
-            yield cls(store, registry=registry, console_url=console_url)
+            yield cls(store, registry=registry, console_url=console_url,
+                      interceptors=interceptors)
         finally:
             await store.aclose()
 
@@ -91,8 +99,13 @@ class Client:
         else:  # the store's time (PostgreSQL: the server's), which claims compare run_at with
             when = await self.store.now() + (delay or 0.0)
         run_id = id or f"{name}-{uuid.uuid4().hex[:12]}"
+        headers: dict[str, str] | None = None
+        if self._chain is not None and self._chain.start:
+            info = StartInfo(run_id, name, key)
+            tell(self._chain.start, info)
+            headers = {str(k): str(v) for k, v in info.headers.items()} or None
         run, created = await self.store.create_run(
-            NewRun(run_id, name, arg_list, key, when, timeout))
+            NewRun(run_id, name, arg_list, key, when, timeout, headers=headers))
         if not created and (run.workflow != name or run.args != arg_list or run.key != key):
             raise RunConflictError(
                 f"run id {run_id!r} already belongs to a {run.workflow} run with arguments "

@@ -19,6 +19,7 @@ The guarantees that live here:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +39,7 @@ from ._errors import (
     StepInDoubtError,
 )
 from ._history import History, StepView, tries
+from ._interceptors import StepInfo, around, tell
 from ._logging import redact
 from ._registry import NOT_DONE
 from ._types import JSON, EntryKind, JournalWrite, StepState, dumps
@@ -117,6 +119,14 @@ def check_journalable(value: Any, what: str) -> None:
     if type(value) in _SCALARS:
         return
     dumps(value, what)
+
+
+async def _invoke(act: Activity, ctx: ActivityContext, args: tuple[Any, ...]) -> Any:
+    """One try of an activity: its function under its timeout."""
+    if act.timeout is None:
+        return await act.fn(ctx, *args)
+    with anyio.fail_after(act.timeout):
+        return await act.fn(ctx, *args)
 
 
 def _returns_none(fn: Callable[..., Any]) -> bool:
@@ -356,6 +366,10 @@ class Steps:
                 view.died += 1
                 view.state = StepState.IN_DOUBT
             log.warning("step_in_doubt", on_doubt=act.on_doubt)
+            chain = self.attempt.chain
+            if chain is not None and chain.step_in_doubt:
+                tell(chain.step_in_doubt, StepInfo(self.attempt.run, view.number, view.key,
+                                                   act.name, view.tries, act.on_doubt))
             settled = False
             if act.lookup_fn is not None:
                 try:
@@ -413,12 +427,15 @@ class Steps:
             view.state, view.epoch, view.tries = StepState.STARTED, self.epoch, number
             self.in_flight[view.key] = view
             log.debug("step_started", **{"try": number})
+            chain = attempt.chain
             try:
-                if act.timeout is None:
-                    result = await act.fn(ctx, *args)
+                if chain is None or not chain.step:
+                    result = await _invoke(act, ctx, args)
                 else:
-                    with anyio.fail_after(act.timeout):
-                        result = await act.fn(ctx, *args)
+                    result = await around(
+                        chain.step, StepInfo(attempt.run, view.number, view.key, act.name,
+                                             number, act.on_doubt),
+                        functools.partial(_invoke, act, ctx, args))
             except AttemptCancelled:
                 raise
             except Exception as exc:

@@ -150,6 +150,9 @@ class NewRun:
     key: str | None
     run_at: float
     timeout: float | None = None
+    headers: Mapping[str, str] | None = attrs.field(default=None, kw_only=True)
+    """Kept in the run's ``run_created`` entry (``data["headers"]``) when given: what the
+    client's interceptors attach to the run (a trace context), never a secret."""
 
 
 @attrs.frozen

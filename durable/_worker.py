@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from . import _clock, _liveness, _wake
 from ._attempt import Attempt
 from ._errors import ConfigError, StoreError
+from ._interceptors import Chain, ClaimInfo, Interceptor, RenewInfo, around, tell
 from ._logging import get_logger
 from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
 from ._registry import Registry, default_registry
@@ -45,6 +47,9 @@ class Worker:
       in flight per host (default ``concurrency``, at least httpx's 100); a request beyond
       that waits for a slot
       and the wait is logged (``http_pool_wait``), since it counts against the step's timeout.
+    - ``interceptors`` (:class:`durable.Interceptor`) are called around each claim, attempt,
+      step try, fenced write, renewal and ``ctx.http`` request, and told of lost leases,
+      recoveries and steps in doubt (docs/observability.md); none by default, at no cost.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class Worker:
         console_url: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         http_connections: int | None = None,
+        interceptors: Sequence[Interceptor] = (),
     ) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be at least 1")
@@ -101,7 +107,8 @@ class Worker:
         self._wake = anyio.Event()
         self._changed = anyio.Event()
         self.log = get_logger("durable.worker", worker=self.worker_id)
-        self.claimed = 0
+        self.interceptors = tuple(interceptors)
+        self._chain = Chain.of(self.interceptors)
 
     # -- control -----------------------------------------------------------------------------
     def shutdown(self, grace: float | None = None) -> None:
@@ -159,7 +166,7 @@ class Worker:
             if self._transport is None:
                 with anyio.CancelScope(shield=True):
                     await transport.aclose()
-            self.log.info("worker_stopped", claimed=self.claimed)
+            self.log.info("worker_stopped")
 
     async def _wait_changed(self) -> None:
         await self._changed.wait()
@@ -173,9 +180,12 @@ class Worker:
             if free > 0:
                 sent, sent_boot = anyio.current_time(), _clock.boottime()
                 try:
-                    claimed = await self.store.claim(
-                        self.worker_id, self.lease, free,
-                        workflows=sorted(self.registry.workflows))
+                    if self._chain is None or not self._chain.claim:
+                        claimed = await self.store.claim(
+                            self.worker_id, self.lease, free,
+                            workflows=sorted(self.registry.workflows))
+                    else:
+                        claimed = await self._intercepted_claim(free)
                     failures = 0
                 except StoreError as exc:
                     failures += 1
@@ -191,20 +201,29 @@ class Worker:
                 await self._wake.wait()
             self._wake = anyio.Event()
 
+    async def _intercepted_claim(self, free: int) -> list[Run]:
+        assert self._chain is not None
+        workflows = sorted(self.registry.workflows)
+        return list(await around(
+            self._chain.claim, ClaimInfo(self.worker_id, free, workflows),
+            lambda: self.store.claim(self.worker_id, self.lease, free, workflows=workflows)))
+
     def _spawn(self, runs: TaskGroup, run: Run, sent: float,
                transport: httpx.AsyncBaseTransport, sent_boot: float | None = None) -> None:
         attempt = Attempt(self.store, run, self.registry, lease=self.lease, lease_sent_at=sent,
                           lease_sent_boot=sent_boot,
                           transport=transport, worker_id=self.worker_id,
-                          console_url=self.console_url)
+                          console_url=self.console_url, chain=self._chain)
         self.active[attempt.fence] = attempt
-        self.claimed += 1
         attempt.log.info("run_claimed", worker=self.worker_id)
         runs.start_soon(self._execute, attempt, name=f"durable run {run.id}")
 
     async def _execute(self, attempt: Attempt) -> None:
         try:
-            await attempt.execute()
+            if self._chain is None or not self._chain.attempt:
+                await attempt.execute()
+            else:
+                await around(self._chain.attempt, attempt.info, attempt.execute)
         except Exception as exc:  # the engine's own failure: log it, the lease will lapse
             attempt.log.exception("attempt_crashed", error=str(exc))
         finally:
@@ -235,9 +254,14 @@ class Worker:
             a.run.id: a.heartbeat_detail for a in attempts
             if a.heartbeat_detail is not None and not a.lost
         }
+        fences = [a.fence for a in attempts]
         try:
-            renewals = await self.store.renew(
-                self.worker_id, [a.fence for a in attempts], self.lease, details)
+            if self._chain is None or not self._chain.renew:
+                renewals = await self.store.renew(self.worker_id, fences, self.lease, details)
+            else:
+                renewals = list(await around(
+                    self._chain.renew, RenewInfo(self.worker_id, len(fences)),
+                    lambda: self.store.renew(self.worker_id, fences, self.lease, details)))
         except StoreError as exc:
             self.log.error("renew_failed", error=str(exc), runs=len(attempts))
             return
@@ -305,6 +329,8 @@ class Worker:
                 self.log.warning("run_recovered", workflow_id=fence.run_id, epoch=fence.epoch,
                                  by="sweep")
             if recovered:
+                if self._chain is not None:
+                    tell(self._chain.recovered, recovered, "sweep")
                 self._wake.set()
             await anyio.sleep(self.sweep_interval)
 
@@ -359,5 +385,7 @@ class Worker:
                         self.log.warning("run_recovered", workflow_id=done.run_id,
                                          epoch=done.epoch, by="liveness", dead_worker=worker)
         if recovered:
+            if self._chain is not None:
+                tell(self._chain.recovered, recovered, "liveness")
             self._wake.set()
         return recovered

@@ -235,9 +235,10 @@ async def test_lease_lost_inside_a_task_group_stops_the_attempt_not_the_worker(
     async def after(ctx: durable.WorkflowContext) -> str:
         return "still working"
 
-    async with running_worker(client, registry, lease=5.0) as worker:
+    counters = durable.Counters()
+    async with running_worker(client, registry, lease=5.0, interceptors=[counters]):
         await client.start("fanout", id="f")
-        await poll(lambda: not worker.active and worker.claimed == 1)
+        await poll(lambda: counters.claimed == counters.attempts_ended == 1)
         await client.start("after", id="a")
         assert (await client.wait("a")).result == "still working"
     journal = await client.journal("f")

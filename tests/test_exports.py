@@ -17,7 +17,7 @@ def test_all_names_exist_and_are_public() -> None:
     for name in durable.__all__:
         assert hasattr(durable, name), name
     public = {n for n in dir(durable) if not n.startswith("_")}
-    modules = {"console", "store", "testing", "worker"}
+    modules = {"console", "interceptors", "otel", "prometheus", "store", "testing", "worker"}
     assert public - modules - set(durable.__all__) == set()
 
 

@@ -66,8 +66,9 @@ async def test_a_superseded_attempt_is_refused_in_its_scope_on_another_resource(
             durable.FENCING_SCOPE_HEADER: "key:slot-c"})
     assert newer.status_code == 200
     await ops.client.start("slot.reset", "slot-c", id="reset-c", key="slot-c")
-    async with running_worker(ops.client, durable.default_registry) as worker:
-        await poll(lambda: worker.claimed == 1 and not worker.active)  # the attempt ended
+    counters = durable.Counters()
+    async with running_worker(ops.client, durable.default_registry, interceptors=[counters]):
+        await poll(lambda: counters.claimed == counters.attempts_ended == 1)  # it ended
     [refused] = [e for e in ops.services.ledger() if e["refused"]]
     assert refused["fencing_scope"] == "key:slot-c"
     assert refused["method"] == "GET" and refused["path"] == "/api/v1/applications/app-slot-c"

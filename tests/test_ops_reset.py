@@ -182,7 +182,8 @@ async def test_a_service_that_saw_a_newer_fencing_token_stops_the_attempt(ops: O
     db = "/api/v1/databases/db-slot-10"
     ops.services.add_fault(db, method="DELETE", hang=True, times=1)
     await ops.client.start("slot.reset", "slot-10", id="reset-10", key="slot-10")
-    async with running_worker(ops.client, durable.default_registry) as worker:
+    counters = durable.Counters()
+    async with running_worker(ops.client, durable.default_registry, interceptors=[counters]):
         await ops.services.wait_for_entry(lambda e: e["path"] == db)  # the delete is held
         async with httpx.AsyncClient() as http:  # meanwhile a newer attempt of the key
             newer = await http.get(f"{ops.services.url}{db}", headers={
@@ -190,7 +191,7 @@ async def test_a_service_that_saw_a_newer_fencing_token_stops_the_attempt(ops: O
                 durable.FENCING_SCOPE_HEADER: "key:slot-10"})
         assert newer.status_code == 200
         ops.services.release()  # the held delete is dropped; its retry meets the fence
-        await poll(lambda: worker.claimed == 1 and not worker.active)  # the attempt ended
+        await poll(lambda: counters.claimed == counters.attempts_ended == 1)  # it ended
     [refused] = [e for e in ops.services.ledger() if e["refused"]]
     assert refused["method"] == "DELETE" and refused["path"] == db
     assert ops.services.ledger()[-1]["seq"] == refused["seq"]  # nothing sent after it

@@ -136,6 +136,13 @@ async def test_create_is_idempotent_by_id(store: Store) -> None:
     assert entries[0].data == {"workflow": "wf", "args": [1, "a"], "key": "k", "run_at": 5.0}
 
 
+async def test_create_keeps_the_clients_headers_in_the_created_entry(store: Store) -> None:
+    headers = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    await store.create_run(NewRun("h1", "wf", [], None, 5.0, headers=headers))
+    [created] = await store.journal("h1")
+    assert created.data["headers"] == headers and created.data["workflow"] == "wf"
+
+
 async def test_list_latest_and_next_run_at(store: Store, clock: FakeClock) -> None:
     assert await store.next_run_at() is None
     await create(store, "a", key="k", delay=50)

@@ -352,8 +352,10 @@ class PostgresStore(Store):
 
     # -- runs --------------------------------------------------------------------------------
     async def create_run(self, new: NewRun) -> tuple[Run, bool]:
-        data = {"workflow": new.workflow, "args": new.args, "key": new.key,
-                "run_at": new.run_at}
+        data: dict[str, JSON] = {"workflow": new.workflow, "args": new.args, "key": new.key,
+                                 "run_at": new.run_at}
+        if new.headers:
+            data["headers"] = dict(new.headers)
         params = {
             "id": new.id,
             "workflow": new.workflow,

@@ -346,8 +346,10 @@ class SqliteStore(Store):
                 existing = conn.execute(Q["get_run"], {"id": new.id}).fetchone()
                 return Run.from_row(existing), False
             run = Run.from_row(row)
-            data = {"workflow": new.workflow, "args": new.args, "key": new.key,
-                    "run_at": new.run_at}
+            data: dict[str, JSON] = {"workflow": new.workflow, "args": new.args,
+                                     "key": new.key, "run_at": new.run_at}
+            if new.headers:
+                data["headers"] = dict(new.headers)
             conn.execute(
                 Q["append_unfenced"],
                 _entry_params(Fence(run.id, 0), JournalWrite(EntryKind.RUN_CREATED, data=data),
