@@ -38,17 +38,6 @@ from ._logging import get_logger
 if TYPE_CHECKING:
     from ._types import Fence, Renewal, Run
 
-__all__ = [
-    "AttemptInfo",
-    "ClaimInfo",
-    "Counters",
-    "Interceptor",
-    "RenewInfo",
-    "RequestInfo",
-    "StartInfo",
-    "StepInfo",
-    "WriteInfo",
-]
 
 _log = get_logger("durable.interceptors")
 
