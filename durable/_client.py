@@ -7,7 +7,7 @@ import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, overload
 
 import anyio
 
@@ -22,13 +22,15 @@ from ._errors import (
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
 from ._logging import get_logger
-from ._registry import Registry, Workflow, default_registry
+from ._registry import Registry, Workflow, default_registry, positional
 from ._report import RecoveryReport
 from ._types import JSON, JournalEntry, NewRun, Run, RunState, StepState, dumps
 from .store import Store, store_from_url
 from .store._base import Cursor
 
 InDoubt = Literal["rerun", "accept"]
+P = ParamSpec("P")
+When = dt.datetime | float | None
 
 
 class Client:
@@ -62,26 +64,81 @@ class Client:
             await store.aclose()
 
     # -- starting ----------------------------------------------------------------------------
+    @overload
+    async def start(self, workflow: Workflow[P, Any], *args: P.args,
+                    **kwargs: P.kwargs) -> Run: ...
+
+    @overload  # with at least one option: the arguments unchecked
+    async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
+                    id: str | None, key: str | None = ...,
+                    run_at: When = ..., delay: float | None = ...,
+                    timeout: float | None = ...) -> Run: ...
+
+    @overload
+    async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
+                    id: str | None = ..., key: str | None,
+                    run_at: When = ..., delay: float | None = ...,
+                    timeout: float | None = ...) -> Run: ...
+
+    @overload
+    async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
+                    id: str | None = ..., key: str | None = ...,
+                    run_at: When, delay: float | None = ...,
+                    timeout: float | None = ...) -> Run: ...
+
+    @overload
+    async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
+                    id: str | None = ..., key: str | None = ...,
+                    run_at: When = ..., delay: float | None,
+                    timeout: float | None = ...) -> Run: ...
+
+    @overload
+    async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
+                    id: str | None = ..., key: str | None = ...,
+                    run_at: When = ..., delay: float | None = ...,
+                    timeout: float | None) -> Run: ...
+
+    @overload  # by name, no option
+    async def start(self, workflow: str, *args: JSON,
+                    id: str | None = ..., key: str | None = ...,
+                    run_at: When = ..., delay: float | None = ...,
+                    timeout: float | None = ...) -> Run: ...
+
     async def start(
         self,
-        workflow: Workflow | str,
+        workflow: Workflow[..., Any] | str,
         *args: Any,
-        id: str | None = None,
-        key: str | None = None,
-        run_at: dt.datetime | float | None = None,
-        delay: float | None = None,
-        timeout: float | None = None,
+        id: Any = None,
+        key: Any = None,
+        run_at: Any = None,
+        delay: Any = None,
+        timeout: Any = None,
+        **kwargs: Any,
     ) -> Run:
         """Queue a run. Idempotent by ``id``: an existing run with that id is returned.
 
-        ``key`` is the concurrency key: at most one run per key runs at a time. ``run_at`` (a
-        datetime or epoch seconds) or ``delay`` (seconds) delays the start; a delayed run can
-        be cancelled until it starts. Reusing an id for another workflow, other arguments or
-        another key raises :class:`RunConflictError` and writes nothing.
+        ``workflow`` is the :class:`Workflow` (a type checker then checks the arguments
+        against its parameters, when no option is given: Python's typing cannot check them
+        next to the options) or its name: by name nothing of the workflow's code is needed,
+        so a process that only enqueues need not import it (a worker that knows the name
+        runs it; a run of a name no worker knows stays queued). ``key`` is the concurrency
+        key: at most one run per key runs at a time. ``run_at`` (a datetime or epoch seconds)
+        or ``delay`` (seconds) delays the start; a delayed run can be cancelled until it
+        starts. Reusing an id for another workflow, other arguments or another key raises
+        :class:`RunConflictError` and writes nothing. Arguments given by keyword (with the
+        Workflow object only) are journaled by position.
         """
-        name = workflow.name if isinstance(workflow, Workflow) else workflow
-        if not isinstance(workflow, Workflow):
-            self.registry.workflow(name)  # unknown names fail here, before anything is written
+        if isinstance(workflow, Workflow):
+            name = workflow.name
+            args = positional(workflow.fn, args, kwargs, f"workflow {name}")
+        else:
+            name = workflow
+            if not isinstance(name, str) or not name.strip():
+                raise ConfigError(f"a workflow is a Workflow or its name, not {name!r}")
+            if kwargs:
+                raise ConfigError(
+                    f"unexpected keyword arguments {', '.join(sorted(kwargs))}: a workflow "
+                    "started by name takes its arguments by position")
         arg_list = list(args)
         dumps(arg_list, "workflow arguments")
         if id is not None and (not isinstance(id, str) or not id.strip()):
@@ -145,14 +202,14 @@ class Client:
         except RunNotFoundError:
             return None
 
-    async def latest(self, workflow: Workflow | str, key: str) -> Run | None:
+    async def latest(self, workflow: Workflow[..., Any] | str, key: str) -> Run | None:
         """The newest run of ``workflow`` for ``key``, by a direct query (no scan)."""
         name = workflow.name if isinstance(workflow, Workflow) else workflow
         run = await self.store.latest_run(name, key)
         return None if run is None else await self._recover(run)
 
     async def list(self, *, state: RunState | str | None = None,
-                   workflow: Workflow | str | None = None, key: str | None = None,
+                   workflow: Workflow[..., Any] | str | None = None, key: str | None = None,
                    limit: int = 100, before: Cursor | None = None,
                    created_from: dt.datetime | float | None = None,
                    created_to: dt.datetime | float | None = None,
@@ -180,7 +237,7 @@ class Client:
         recovered = [await self._recover(r) for r in runs]
         return [r for r in recovered if state is None or r.state is state]
 
-    async def counts(self, workflow: Workflow | str | None = None,
+    async def counts(self, workflow: Workflow[..., Any] | str | None = None,
                      key: str | None = None) -> dict[str, int]:
         """The number of runs in each state, ``{"queued": 3, "running": 1, ...}`` (every
         state, 0 when none), optionally of one workflow and/or key; from an index."""

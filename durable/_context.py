@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from urllib.parse import quote
 
 import anyio
@@ -16,6 +16,7 @@ import httpx
 
 from ._errors import ConfigError, LeaseLostError
 from ._logging import redact, redact_json
+from ._registry import positional
 from ._types import JSON, Run
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from ._report import RecoveryReport
 
 R = TypeVar("R")
+P = ParamSpec("P")
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 FENCING_HEADER = "Durable-Fencing-Token"
@@ -115,7 +117,14 @@ class WorkflowContext:
         """The run's concurrency key."""
         return self._attempt.run.key
 
-    async def step(self, activity: Activity, *args: Any, key: str | None = None) -> Any:
+    @overload
+    async def step(self, activity: Activity[P, R], *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    @overload
+    async def step(self, activity: Activity[..., R], *args: Any, key: str | None) -> R: ...
+
+    async def step(self, activity: Activity[..., Any], *args: Any, key: Any = None,
+                   **kwargs: Any) -> Any:
         """Run ``activity`` as a journaled step.
 
         Without ``key`` the step's identity is its position among the run's unkeyed steps
@@ -123,7 +132,14 @@ class WorkflowContext:
         a stable ``key`` (an item id, say), so their identity does not depend on the order
         the tasks happen to start in: an unkeyed step started while another unkeyed step
         is in flight raises :class:`durable.ConfigError` and fails the run.
+
+        Typed by the activity: a type checker checks the arguments of an unkeyed step
+        against the activity's parameters, and the result's type of every step (Python's
+        typing cannot check the arguments next to the extra ``key`` keyword; call the
+        activity unkeyed in a test, or ``await act(ctx, ...)``, to have them checked).
+        Arguments given by keyword are journaled by position.
         """
+        args = positional(activity.fn, args, kwargs, f"activity {activity.name}")
         return await self._attempt.steps.run_step(activity, args, key)
 
     async def now(self) -> float:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 import attrs
 import httpx
@@ -14,7 +15,9 @@ from ._errors import ConfigError, NonRetryableError, UnknownWorkflowError
 if TYPE_CHECKING:
     from ._context import ActivityContext, WorkflowContext
 
+P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 OnDoubt = Literal["retry", "fail"]
 
 
@@ -104,12 +107,35 @@ NOT_DONE: Any = _NotDone()
 Lookup = Callable[..., Awaitable[Any]]
 
 
-class Activity:
-    """A journaled operation. Call it with a workflow context to run it as a step."""
+def positional(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+               what: str) -> tuple[Any, ...]:
+    """``args`` and ``kwargs`` of a call of ``fn(ctx, ...)`` as positional arguments only:
+    what the journal keeps (a run's or a step's arguments are a JSON list)."""
+    if not kwargs:
+        return args
+    try:
+        bound = inspect.signature(fn).bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
+    bound.apply_defaults()
+    if bound.kwargs:
+        raise ConfigError(
+            f"{what} takes keyword-only arguments ({', '.join(bound.kwargs)}); the journal "
+            "keeps arguments as a list: make them positional")
+    return tuple(bound.args[1:])
+
+
+class Activity(Generic[P, R]):
+    """A journaled operation: ``await act(ctx, *args)``, or ``await ctx.step(act, *args)``.
+
+    Typed by the decorated function: ``Activity[P, R]`` takes the arguments ``P`` after the
+    context and returns ``R``, so a type checker sees a wrong argument or a misused result
+    in the workflow calling it. Arguments given by keyword are journaled by position.
+    """
 
     def __init__(
         self,
-        fn: Callable[..., Awaitable[Any]],
+        fn: Callable[Concatenate[ActivityContext, P], Awaitable[R]],
         *,
         name: str,
         timeout: float | None,
@@ -130,7 +156,8 @@ class Activity:
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
-    def lookup(self, fn: Lookup) -> Lookup:
+    def lookup(self, fn: Callable[Concatenate[ActivityContext, P], Awaitable[T]]
+               ) -> Callable[Concatenate[ActivityContext, P], Awaitable[T]]:
         """Declare ``async def find(ctx, *args)``: what happened to a step of this activity.
 
         Called with the step's own arguments (and an :class:`ActivityContext` of the step:
@@ -143,23 +170,25 @@ class Activity:
         self.lookup_fn = fn
         return fn
 
-    async def __call__(self, ctx: WorkflowContext | ActivityContext, *args: Any) -> Any:
+    async def __call__(self, ctx: WorkflowContext | ActivityContext, *args: P.args,
+                       **kwargs: P.kwargs) -> R:
         from ._context import WorkflowContext
 
         if isinstance(ctx, WorkflowContext):
-            return await ctx.step(self, *args)
-        return await self.fn(ctx, *args)
+            return await ctx.step(self, *args, **kwargs)
+        return await self.fn(ctx, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<durable.Activity {self.name}>"
 
 
-class Workflow:
-    """A registered workflow function."""
+class Workflow(Generic[P, R]):
+    """A registered workflow function, typed by it: ``Workflow[P, R]`` takes the arguments
+    ``P`` after the context and returns ``R`` (:meth:`durable.Client.start` checks them)."""
 
     def __init__(
         self,
-        fn: Callable[..., Awaitable[Any]],
+        fn: Callable[Concatenate[WorkflowContext, P], Awaitable[R]],
         *,
         name: str,
         timeout: float | None,
@@ -172,58 +201,98 @@ class Workflow:
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
-    async def __call__(self, ctx: WorkflowContext, *args: Any) -> Any:
-        return await self.fn(ctx, *args)
+    async def __call__(self, ctx: WorkflowContext, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await self.fn(ctx, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<durable.Workflow {self.name}>"
 
 
 class Registry:
-    """Workflows by name. The decorators register into :data:`default_registry`."""
+    """Workflows by name. The decorators register into :data:`default_registry`.
 
-    def __init__(self) -> None:
-        self.workflows: dict[str, Workflow] = {}
-        self.activities: dict[str, Activity] = {}
+    A registry made with ``parent`` holds its own workflows and sees its parent's (a
+    worker given explicit workflows besides the decorators' registry).
+    """
 
-    def add_workflow(self, wf: Workflow) -> None:
+    def __init__(self, parent: Registry | None = None) -> None:
+        self._own: dict[str, Workflow[..., Any]] = {}
+        self.parent = parent
+        self.activities: dict[str, Activity[..., Any]] = {}
+
+    @property
+    def workflows(self) -> dict[str, Workflow[..., Any]]:
+        """Every workflow this registry knows, by name (its own, then its parent's)."""
+        if self.parent is None:
+            return self._own
+        return {**self.parent.workflows, **self._own}
+
+    def add_workflow(self, wf: Workflow[..., Any]) -> None:
         existing = self.workflows.get(wf.name)
         if existing is not None and existing.fn is not wf.fn:
             raise ConfigError(f"two workflows are named {wf.name!r}")
-        self.workflows[wf.name] = wf
+        self._own[wf.name] = wf
 
-    def add_activity(self, act: Activity) -> None:
+    def add_activity(self, act: Activity[..., Any]) -> None:
         existing = self.activities.get(act.name)
         if existing is not None and existing.fn is not act.fn:
             raise ConfigError(f"two activities are named {act.name!r}")
         self.activities[act.name] = act
 
-    def workflow(self, name: str) -> Workflow:
-        try:
-            return self.workflows[name]
-        except KeyError:
-            known = ", ".join(sorted(self.workflows)) or "none (did you pass --import?)"
-            raise UnknownWorkflowError(
-                f"unknown workflow {name!r}; known workflows: {known}"
-            ) from None
+    def workflow(self, name: str) -> Workflow[..., Any]:
+        found = self._own.get(name)
+        if found is not None:
+            return found
+        if self.parent is not None and name in self.parent.workflows:
+            return self.parent.workflow(name)
+        known = ", ".join(sorted(self.workflows)) or "none (did you pass --import?)"
+        raise UnknownWorkflowError(f"unknown workflow {name!r}; known workflows: {known}")
 
 
 default_registry = Registry()
 
 
+WorkflowFn = Callable[Concatenate["WorkflowContext", P], Awaitable[R]]
+ActivityFn = Callable[Concatenate["ActivityContext", P], Awaitable[R]]
+
+
+@overload
+def workflow(name: WorkflowFn[P, R], /) -> Workflow[P, R]: ...
+
+
+@overload
 def workflow(
     name: str | None = None, *, timeout: float | None = None, registry: Registry | None = None
-) -> Callable[[Callable[..., Awaitable[Any]]], Workflow]:
-    """Declare ``async def f(ctx, *args)`` a workflow named ``name`` (default: its name)."""
+) -> Callable[[WorkflowFn[P, R]], Workflow[P, R]]: ...
 
-    def decorate(fn: Callable[..., Awaitable[Any]]) -> Workflow:
-        wf = Workflow(fn, name=name or fn.__qualname__, timeout=timeout)
+
+def workflow(
+    name: str | WorkflowFn[P, R] | None = None, *, timeout: float | None = None,
+    registry: Registry | None = None,
+) -> Workflow[P, R] | Callable[[WorkflowFn[P, R]], Workflow[P, R]]:
+    """Declare ``async def f(ctx, *args)`` a workflow named ``name`` (default: its name).
+
+    ``@durable.workflow`` or ``@durable.workflow("name", timeout=...)``; the result is a
+    :class:`Workflow` typed by ``f``.
+    """
+
+    def decorate(fn: WorkflowFn[P, R]) -> Workflow[P, R]:
+        wf = Workflow(fn, name=label or fn.__qualname__, timeout=timeout)
         (registry or default_registry).add_workflow(wf)
         return wf
 
+    if callable(name):
+        label = None
+        return decorate(name)
+    label = name
     return decorate
 
 
+@overload
+def activity(name: ActivityFn[P, R], /) -> Activity[P, R]: ...
+
+
+@overload
 def activity(
     name: str | None = None,
     *,
@@ -232,20 +301,32 @@ def activity(
     on_doubt: OnDoubt = "retry",
     registry: Registry | None = None,
     lookup: Lookup | None = None,
-) -> Callable[[Callable[..., Awaitable[Any]]], Activity]:
+) -> Callable[[ActivityFn[P, R]], Activity[P, R]]: ...
+
+
+def activity(
+    name: str | ActivityFn[P, R] | None = None,
+    *,
+    timeout: float | None = None,
+    retry: RetryPolicy | None = None,
+    on_doubt: OnDoubt = "retry",
+    registry: Registry | None = None,
+    lookup: Lookup | None = None,
+) -> Activity[P, R] | Callable[[ActivityFn[P, R]], Activity[P, R]]:
     """Declare ``async def a(ctx, *args)`` an activity: journaled as a step in a workflow.
 
-    ``on_doubt`` says what a new attempt does with a step an earlier attempt started but
-    never finished: ``"retry"`` runs it again (only for idempotent activities), ``"fail"``
-    fails the run and names the step, for an operator to resolve on replay. ``lookup``
-    (or ``@act.lookup``) finds out what happened to a step in doubt or accepted by an
-    operator (see :meth:`Activity.lookup`).
+    ``@durable.activity`` or ``@durable.activity("name", ...)``; the result is an
+    :class:`Activity` typed by ``a``. ``on_doubt`` says what a new attempt does with a step
+    an earlier attempt started but never finished: ``"retry"`` runs it again (only for
+    idempotent activities), ``"fail"`` fails the run and names the step, for an operator
+    to resolve on replay. ``lookup`` (or ``@act.lookup``) finds out what happened to a step
+    in doubt or accepted by an operator (see :meth:`Activity.lookup`).
     """
 
-    def decorate(fn: Callable[..., Awaitable[Any]]) -> Activity:
+    def decorate(fn: ActivityFn[P, R]) -> Activity[P, R]:
         act = Activity(
             fn,
-            name=name or fn.__qualname__,
+            name=label or fn.__qualname__,
             timeout=timeout,
             retry=retry if retry is not None else RetryPolicy(),
             on_doubt=on_doubt,
@@ -254,4 +335,8 @@ def activity(
         (registry or default_registry).add_activity(act)
         return act
 
+    if callable(name):
+        label = None
+        return decorate(name)
+    label = name
     return decorate

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from ._registry import Activity
     from ._report import RecoveryReport
 
+    AnyActivity = Activity[..., Any]
+
 
 def describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
@@ -284,13 +286,13 @@ class Steps:
         return ActivityContext(self.attempt, step=view.number, step_key=view.key,
                                try_number=try_number, idempotency_key=idem)
 
-    def _failure(self, view: StepView, act: Activity, count: int, message: str,
+    def _failure(self, view: StepView, act: AnyActivity, count: int, message: str,
                  error_type: str) -> ActivityError:
         return ActivityError(f"step {view.number} ({act.name}) failed after {tries(count)}: "
                              f"{message}", step=view.number, activity=act.name,
                              error_type=error_type)
 
-    async def _fail_step(self, view: StepView, act: Activity, number: int,
+    async def _fail_step(self, view: StepView, act: AnyActivity, number: int,
                          data: dict[str, JSON]) -> None:
         await self.attempt.write([JournalWrite(EntryKind.STEP_FAILED, view.number, view.key,
                                                act.name, number, data)])
@@ -298,7 +300,7 @@ class Steps:
         view.state, view.error = StepState.FAILED, data["error"]
         view.error_type = str(data["error_type"])
 
-    async def _look_up(self, act: Activity, view: StepView, args: tuple[Any, ...]) -> Any:
+    async def _look_up(self, act: AnyActivity, view: StepView, args: tuple[Any, ...]) -> Any:
         """The lookup's answer: a result, NOT_DONE, or an exception (cannot tell)."""
         assert act.lookup_fn is not None
         ctx = self._context(view, max(view.tries, 1))
@@ -307,7 +309,7 @@ class Steps:
         with anyio.fail_after(act.timeout):
             return await act.lookup_fn(ctx, *args)
 
-    async def _complete_from_lookup(self, act: Activity, view: StepView, found: JSON,
+    async def _complete_from_lookup(self, act: AnyActivity, view: StepView, found: JSON,
                                     *, accepted: bool) -> JSON:
         dumps(found, f"the result of the lookup of activity {act.name}")
         await self.attempt.write([JournalWrite(
@@ -317,7 +319,7 @@ class Steps:
         view.state, view.result, view.result_known = StepState.COMPLETED, found, True
         return found
 
-    async def _accepted(self, act: Activity, view: StepView, args: tuple[Any, ...]) -> Any:
+    async def _accepted(self, act: AnyActivity, view: StepView, args: tuple[Any, ...]) -> Any:
         """An operator counted the step as done: find its result, never hand back None."""
         log = self.attempt.log.bind(step=view.number, activity=act.name)
         if act.lookup_fn is None:
@@ -342,11 +344,11 @@ class Steps:
         log.info("step_looked_up", accepted=True)
         return await self._complete_from_lookup(act, view, found, accepted=True)
 
-    async def run_step(self, act: Activity, args: tuple[Any, ...], key: str | None) -> Any:
+    async def run_step(self, act: AnyActivity, args: tuple[Any, ...], key: str | None) -> Any:
         with self.identified(act.name, key) as view:
             return await self._run_step(act, args, view)
 
-    async def _run_step(self, act: Activity, args: tuple[Any, ...], view: StepView) -> Any:
+    async def _run_step(self, act: AnyActivity, args: tuple[Any, ...], view: StepView) -> Any:
         if view.state is StepState.COMPLETED:
             if view.accepted and not view.result_known:
                 return await self._accepted(act, view, args)
@@ -398,7 +400,7 @@ class Steps:
             await self._poison(act, view)
         return await self._tries(act, args, view, log)
 
-    async def _poison(self, act: Activity, view: StepView) -> NoReturn:
+    async def _poison(self, act: AnyActivity, view: StepView) -> NoReturn:
         """The step's tries ran out across attempts: fail it instead of looping forever."""
         used = view.tries_used
         if view.died and view.died >= used:
@@ -415,7 +417,7 @@ class Steps:
                                  error=why)
         raise self._failure(view, act, used, why, error_type)
 
-    async def _tries(self, act: Activity, args: tuple[Any, ...], view: StepView,
+    async def _tries(self, act: AnyActivity, args: tuple[Any, ...], view: StepView,
                      log: Any) -> Any:
         attempt = self.attempt
         refuse_unknown(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from ._errors import ConfigError, StoreError
 from ._interceptors import Chain, ClaimInfo, Interceptor, RenewInfo, around, tell
 from ._logging import get_logger
 from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
-from ._registry import Registry, default_registry
+from ._registry import Registry, Workflow, default_registry
 from ._types import Fence, Run
 from .store import Store
 
@@ -29,7 +29,8 @@ read of the held runs' cancel flags): its own commits are changes too (SQLite)."
 
 
 class Worker:
-    """Runs workflows from a store.
+    """Runs workflows from a store: those of ``registry`` (default: the decorators'
+    :data:`durable.default_registry`) and the ``workflows`` given explicitly, by object.
 
     - Claims with one conditional statement per batch, up to ``concurrency`` runs at once.
     - Renews the leases of all its runs in one statement every ``heartbeat_interval``; the
@@ -57,6 +58,7 @@ class Worker:
         store: Store,
         *,
         registry: Registry | None = None,
+        workflows: Iterable[Workflow[..., Any]] = (),
         concurrency: int = 16,
         lease: float = 30.0,
         heartbeat_interval: float | None = None,
@@ -78,6 +80,13 @@ class Worker:
             raise ConfigError("lease and poll interval must be positive, grace not negative")
         self.store = store
         self.registry = registry or default_registry
+        explicit = list(workflows)
+        if explicit:  # besides the registry's (which may still grow: seen, not copied)
+            self.registry = Registry(parent=self.registry)
+            for wf in explicit:
+                if not isinstance(wf, Workflow):
+                    raise ConfigError(f"workflows must be durable.Workflow objects, not {wf!r}")
+                self.registry.add_workflow(wf)
         self.concurrency = concurrency
         self.lease = lease
         self.heartbeat_interval = heartbeat_interval or min(lease / 3, 1.0)
