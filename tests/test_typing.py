@@ -1,0 +1,223 @@
+"""Declarations are typed: mypy sees a wrong argument or a misused result in a user's code.
+
+mypy (the test extra) checks tests/typing_example.py, which must pass, and a module of
+deliberate mistakes, each of which it must report on its line (the ``# E:`` comment gives
+what the message says). The example also runs: its calls by keyword are journaled by
+position, and a worker given its workflows explicitly runs them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mypy import api
+
+import durable
+import durable.testing
+
+from . import typing_example as example
+from .conftest import subprocess_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MISTAKES = '''
+from __future__ import annotations
+
+import durable
+from tests.typing_example import count, nothing, record, shout, total
+
+
+@durable.activity  # E: Argument 1 to "activity" has incompatible type "Callable[[str], Coroutine[Any, Any, str]]"; expected "Callable[[ActivityContext], Awaitable[str]]"
+async def no_context(text: str) -> str:
+    return text
+
+
+@durable.workflow("mistakes.flow")
+async def flow(ctx: durable.WorkflowContext, text: str) -> str:
+    await ctx.step(count, 3)  # E: No overload variant of "step" of "WorkflowContext" matches argument types "Activity[[str, int], int]", "int"
+    await count(ctx)  # E: Missing positional argument "text" in call to "__call__" of "Activity"
+    await count(ctx, "a", 1, 2)  # E: Too many arguments for "__call__" of "Activity"
+    await count(ctx, "a", tries=2)  # E: Unexpected keyword argument "tries" for "__call__" of "Activity"; did you mean "times"?
+    n: str = await ctx.step(count, "a")  # E: No overload variant of "step" of "WorkflowContext" matches argument types "Activity[[str, int], int]", "str"
+    keyed = await ctx.step(record, "a", [1], key="k")
+    keyed.upper()  # E: "dict[str, int]" has no attribute "upper"
+    await shout(ctx, b"bytes")  # E: Argument 2 to "__call__" of "Activity" has incompatible type "bytes"; expected "str"
+    return await ctx.step(count, text)  # E: No overload variant of "step" of "WorkflowContext"
+
+
+@record.lookup  # E: Argument 1 to "lookup" of "Activity" has incompatible type "Callable[[ActivityContext, int], Coroutine[Any, Any, None]]"; expected "Callable[[ActivityContext, str, list[int]], Awaitable[None]]"
+async def wrong_lookup(ctx: durable.ActivityContext, name: int) -> None:
+    return None
+
+
+async def enqueue(client: durable.Client, store: durable.Store) -> None:
+    await client.start(total, "abc")  # E: No overload variant of "start" of "Client" matches argument types "Workflow[[str, int], int]", "str"
+    await client.start(total, "abc", "2")  # E: No overload variant of "start" of "Client" matches argument types
+    await client.start(nothing, 1)  # E: No overload variant of "start" of "Client" matches argument types
+    await client.start("typed.total", text="abc")  # E: No overload variant of "start" of "Client" matches argument types
+    run: int = await client.start(total, "abc", 2)  # E: Incompatible types in assignment (expression has type "Run", variable has type "int")
+    durable.Worker(store, workflows=[total, count])  # E: List item 1 has incompatible type "Activity[[str, int], int]"
+'''  # noqa: E501
+
+
+def _expected(source: str) -> dict[int, str]:
+    return {number: line.split("# E: ", 1)[1]
+            for number, line in enumerate(source.splitlines(), 1) if "# E: " in line}
+
+
+def _errors(report: str, path: Path) -> dict[int, list[str]]:
+    """mypy's errors in the file at ``path``, by line (notes left out)."""
+    found: dict[int, list[str]] = {}
+    for line in report.splitlines():
+        m = re.match(r"(.+?):(\d+): error: (.*)", line)
+        if m and Path(m[1]).resolve() == path.resolve():
+            found.setdefault(int(m[2]), []).append(m[3])
+    return found
+
+
+@pytest.fixture(scope="module")
+def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    folder = tmp_path_factory.mktemp("typing")
+    mistakes = folder / "mistakes.py"
+    mistakes.write_text(MISTAKES)
+    out, err, _status = api.run([
+        "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml"),
+        "--show-absolute-path", "--no-error-summary", "--hide-error-context",
+        "--no-color-output", "--cache-dir", str(folder / "cache"),
+        str(ROOT / "tests" / "typing_example.py"), str(mistakes),
+    ])
+    assert not err, err
+    return out, mistakes
+
+
+def test_the_typed_example_passes_mypy(mypy_report: tuple[str, Path]) -> None:
+    out, _ = mypy_report
+    assert _errors(out, ROOT / "tests" / "typing_example.py") == {}, out
+
+
+def test_every_mistake_is_reported_on_its_line(mypy_report: tuple[str, Path]) -> None:
+    out, mistakes = mypy_report
+    errors = _errors(out, mistakes)
+    expected = _expected(MISTAKES)
+    for number, text in expected.items():
+        assert any(text in e for e in errors.get(number, [])), \
+            f"line {number}: expected {text!r}, mypy said {errors.get(number)}\n{out}"
+    assert set(errors) == set(expected), out
+
+
+@pytest.mark.anyio
+async def test_the_example_runs_with_explicit_workflows(tmp_path: Path) -> None:
+    """A worker whose registry is empty runs the workflows it was given, and only those;
+    arguments given by keyword (``count(ctx, text, times=times)``, ``client.start(total,
+    text=..., times=...)``) are journaled by position."""
+    async with durable.testing.sqlite_client(tmp_path, registry=durable.Registry()) as client:
+        runs = await example.enqueue(client)
+        assert runs[1].args == ["abc", 2]
+        explicit = [example.total, example.nothing]
+        async with durable.testing.running_worker(client, registry=durable.Registry(),
+                                                  workflows=explicit) as worker:
+            assert sorted(worker.registry.workflows) == ["nothing", "typed.total"]
+            done = [await client.wait(r.id, timeout=30) for r in runs
+                    if r.workflow != "typed_bare"]
+        assert {r.state for r in done} == {durable.RunState.COMPLETED}
+        assert done[0].result == 6 + 6 + 3
+        steps = [e for e in await client.journal(runs[0].id)
+                 if e.kind is durable.EntryKind.STEP_STARTED]
+        assert [e.data["args"] for e in steps[:3]] == [["abc", 2], ["abc", 2], ["abc"]]
+        bare = next(r for r in runs if r.workflow == "typed_bare")
+        assert (await client.get(bare.id)).state is durable.RunState.QUEUED  # no one knows it
+
+
+@pytest.mark.anyio
+async def test_a_worker_runs_explicit_workflows_besides_its_registry(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """The registry's workflows (even one declared after the worker was made) and the
+    explicit ones both run; the explicit ones are not added to the registry."""
+    other = durable.Registry()
+
+    @durable.workflow("explicit.one", registry=other)
+    async def one(ctx: durable.WorkflowContext) -> str:
+        return "one"
+
+    async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+        async with durable.testing.running_worker(client, workflows=[one]) as worker:
+            @durable.workflow("registered.later", registry=registry)
+            async def later(ctx: durable.WorkflowContext) -> str:
+                return "later"
+
+            worker.wake()
+            first = await client.start(one)
+            second = await client.start("registered.later")
+            assert (await client.wait(first.id, timeout=30)).result == "one"
+            assert (await client.wait(second.id, timeout=30)).result == "later"
+        assert "explicit.one" not in registry.workflows
+
+
+def test_explicit_workflows_are_checked() -> None:
+    reg = durable.Registry()
+
+    @durable.workflow("clash", registry=reg)
+    async def mine(ctx: durable.WorkflowContext) -> None: ...
+
+    other = durable.Registry()
+
+    @durable.workflow("clash", registry=other)
+    async def theirs(ctx: durable.WorkflowContext) -> None: ...
+
+    store = durable.store_from_url("sqlite:///unused.db")  # never opened
+    with pytest.raises(durable.ConfigError, match="two workflows are named 'clash'"):
+        durable.Worker(store, registry=reg, workflows=[theirs])
+    with pytest.raises(durable.ConfigError, match=r"must be durable\.Workflow objects"):
+        durable.Worker(store, registry=reg, workflows=[example.count])  # type: ignore[list-item]
+    assert durable.Worker(store, registry=reg, workflows=[mine]).registry.workflow("clash") \
+        is mine
+
+
+def test_keyword_only_parameters_are_refused() -> None:
+    """The journal keeps arguments as a list: a keyword-only parameter has no position."""
+    reg = durable.Registry()
+
+    @durable.workflow("kwonly", registry=reg)
+    async def kwonly(ctx: durable.WorkflowContext, a: int, *, b: int) -> None: ...
+
+    with pytest.raises(durable.ConfigError, match=r"keyword-only arguments \(b\)"):
+        durable._registry.positional(kwonly.fn, (1,), {"b": 2}, "workflow kwonly")
+    with pytest.raises(TypeError, match="workflow kwonly: missing a required argument: 'a'"):
+        durable._registry.positional(kwonly.fn, (), {"b": 2}, "workflow kwonly")
+
+
+ENQUEUE = """
+import sys, anyio, durable
+
+async def main(url):
+    async with durable.Client.connect(url) as client:
+        run = await client.start("slot.teardown", "slot-7", id="teardown-slot-7", key="slot-7")
+    print(run.state.value)
+    print(",".join(sorted(m for m in sys.modules
+                          if m.split(".")[0] in ("workflows", "activities", "tests"))))
+
+anyio.run(main, sys.argv[1])
+"""
+
+
+@pytest.mark.anyio
+async def test_starting_by_name_needs_no_workflow_code(tmp_path: Path) -> None:
+    """A process that only enqueues (``Client.start("slot.teardown", ...)``) imports nothing
+    of workflows/ or activities/, and queues the same run the Workflow object would."""
+    url = f"sqlite:///{tmp_path / 'durable.db'}"
+    with anyio.fail_after(60):
+        done = await anyio.run_process([sys.executable, "-c", ENQUEUE, url], check=False,
+                                       env=subprocess_env(), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+    state, imported = done.stdout.decode().splitlines()
+    assert (state, imported) == ("queued", "")
+    from workflows import slots
+
+    async with durable.Client.connect(url) as client:
+        again = await client.start(slots.teardown, "slot-7", id="teardown-slot-7", key="slot-7")
+        assert (again.workflow, again.args, again.key) == ("slot.teardown", ["slot-7"], "slot-7")
+        assert len(await client.list()) == 1  # the same run: idempotent by id, no conflict
