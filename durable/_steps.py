@@ -123,7 +123,7 @@ def check_journalable(value: Any, what: str) -> None:
     dumps(value, what)
 
 
-async def _invoke(act: Activity, ctx: ActivityContext, args: tuple[Any, ...]) -> Any:
+async def _invoke(act: AnyActivity, ctx: ActivityContext, args: tuple[Any, ...]) -> Any:
     """One try of an activity: its function under its timeout."""
     if act.timeout is None:
         return await act.fn(ctx, *args)
