@@ -24,7 +24,7 @@ from durable._errors import ConfigError, SchemaVersionError, StoreUnavailableErr
 from durable._types import EntryKind, Fence, JournalWrite, NewRun, Run, RunState
 from durable.store import SCHEMA_VERSION, Store, store_from_url
 from tests.helpers import kinds, poll
-from tests.pg import TRIO_SKIP, pg_url, postgres_server, psycopg
+from tests.pg import TRIO_SKIP, connect_sync, pg_url, postgres_server, psycopg, split_url
 
 __all__ = ["pg_url", "postgres_server"]  # the PostgreSQL fixtures and PG_URL: tests/pg.py
 
@@ -551,6 +551,31 @@ async def test_postgres_concurrent_first_opens_migrate_once(pg_url: str,
         for _ in range(4):
             tg.start_soon(open_one)
     assert versions == [SCHEMA_VERSION] * 4
+
+
+@postgres_only
+async def test_postgres_open_of_a_current_schema_only_reads(pg_url: str,
+                                                          clock: FakeClock) -> None:
+    """Read commands open without a write: with the schema current, open() reads its
+    version and takes no lock, so it opens and answers while another session holds the
+    migration's advisory lock and a lock on the schema table that any write to it waits
+    for (before, every open waited for both)."""
+    async with opened(pg_url, clock):
+        pass  # creates the schema: a write, once
+    _, schema = split_url(pg_url)
+    holder = connect_sync(pg_url)
+    try:
+        holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+                       (f"durable.migrate.{schema}",))
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE durable_meta IN EXCLUSIVE MODE")
+        for create in (False, True):  # a read command, and a worker's or client's open
+            with anyio.fail_after(5):
+                async with opened(pg_url, clock, create=create) as store:
+                    assert await store.schema_version() == SCHEMA_VERSION
+                    assert await store.list_runs() == []
+    finally:
+        holder.close()
 
 
 @postgres_only

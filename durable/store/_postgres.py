@@ -169,16 +169,16 @@ class PostgresStore(Store):
         if library != "asyncio":
             raise ConfigError(TRIO_MESSAGE)
         try:
-            conn = await psycopg.AsyncConnection.connect(self._conninfo, row_factory=dict_row)
+            # A schema already current is only read (one autocommit SELECT: no transaction
+            # id, no lock beyond the catalog's), so read commands open while a migration
+            # or any other writer holds its locks; only a schema behind is migrated.
+            version = await self._current_version()
+            if version == 0 and not self._create:
+                raise self._missing()
+            if version != SCHEMA_VERSION:
+                await self._migrate()
         except psycopg.Error as exc:
             raise self._translate(exc) from exc
-        try:
-            await self._migrate(conn)
-        except psycopg.Error as exc:
-            raise self._translate(exc) from exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                await conn.close()
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             self._conninfo,
             connection_class=psycopg.AsyncConnection[DictRow],
@@ -215,28 +215,63 @@ class PostgresStore(Store):
             if pool is not None:
                 await pool.close()
 
-    async def _migrate(self, conn: Conn) -> None:
-        """Create or upgrade the schema in one transaction, under an advisory lock."""
-        async with conn.transaction():
-            # Two processes opening a new database at once: the second waits here, then
-            # finds the schema up to date.
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"durable.migrate.{self.schema}",),
+    async def _current_version(self) -> int:
+        """The schema version, read on a connection of its own in autocommit (0: none yet);
+        raises SchemaVersionError for a version newer than this durable's."""
+        conn = await psycopg.AsyncConnection.connect(
+            self._conninfo, row_factory=dict_row, autocommit=True)
+        try:
+            version = await self._read_version(conn, self.schema)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+        self._check_newer(version)
+        return version
+
+    def _missing(self) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"no durable schema {self.schema!r} at {self.url}: check ?schema=, or "
+            "create it with: durable migrate --db URL")
+
+    def _check_newer(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"the database {self.url} has schema version {version}, newer than this "
+                f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
             )
-            version = await self._read_version(conn)
+
+    async def _migrate(self) -> None:
+        """Create or upgrade the schema in one transaction, under an advisory lock.
+
+        Two processes opening a new database at once take turns on the lock; the second
+        then finds the schema current. On a connection of its own, and the lock is the
+        session's, taken *before* the migration's transaction begins: the version is read
+        again in a transaction that starts after the lock was granted, so its snapshot and
+        catalog lookups include whatever the previous holder committed. (A read-first open
+        that re-read the version on the connection it had read with before, in the
+        transaction of an ``xact`` lock it had waited for, failed the concurrent first-open
+        test with DuplicateTable, or hung.) Closing the connection releases the lock,
+        whatever happens.
+        """
+        conn = await psycopg.AsyncConnection.connect(
+            self._conninfo, row_factory=dict_row, autocommit=True)
+        try:
+            await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+                               (f"durable.migrate.{self.schema}",))
+            await self._migrate_on(conn)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    async def _migrate_on(self, conn: Conn) -> None:
+        async with conn.transaction():
+            version = await self._read_version(conn, self.schema)
             if version == 0 and not self._create:
-                raise StoreUnavailableError(
-                    f"no durable schema {self.schema!r} at {self.url}: check ?schema=, or "
-                    "create it with: durable migrate --db URL")
+                raise self._missing()
             await conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
             )
-            if version > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"the database {self.url} has schema version {version}, newer than this "
-                    f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
-                )
+            self._check_newer(version)
             if version == 0:
                 self.created = f"schema {self.schema!r} of {self.url}"
             for number, script in load_migrations("postgres"):
@@ -251,18 +286,23 @@ class PostgresStore(Store):
                 version = number
 
     @staticmethod
-    async def _read_version(conn: Conn) -> int:
-        cur = await conn.execute("SELECT to_regclass('durable_meta') IS NOT NULL AS present")
+    async def _read_version(conn: Conn, schema: str) -> int:
+        """The schema version in ``schema`` (0: no durable tables there), one SELECT by
+        schema-qualified names (not through the search_path)."""
+        table = sql.Identifier(schema, "durable_meta")
+        cur = await conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL AS present", (table.as_string(conn),))
         row = await cur.fetchone()
         if row is None or not row["present"]:
             return 0
-        cur = await conn.execute("SELECT value FROM durable_meta WHERE key = 'schema_version'")
+        cur = await conn.execute(sql.SQL(
+            "SELECT value FROM {} WHERE key = 'schema_version'").format(table))
         row = await cur.fetchone()
         return int(row["value"]) if row else 0
 
     async def schema_version(self) -> int:
         async with self._connection() as conn:
-            return await self._read_version(conn)
+            return await self._read_version(conn, self.schema)
 
     # -- plumbing ----------------------------------------------------------------------------
     @asynccontextmanager
