@@ -6,7 +6,6 @@ into every journal write, state change and HTTP request, so an attempt that lost
 can do nothing more. See README.md for the guarantees and their limits.
 """
 
-from ._attempt import Attempt as Attempt
 from ._client import Client as Client
 from ._clock import Clock as Clock
 from ._clock import FakeClock as FakeClock
@@ -35,7 +34,6 @@ from ._errors import StepInDoubtError as StepInDoubtError
 from ._errors import StoreError as StoreError
 from ._errors import StoreUnavailableError as StoreUnavailableError
 from ._errors import UnknownWorkflowError as UnknownWorkflowError
-from ._history import StepView as StepView
 from ._interceptors import Counters as Counters
 from ._interceptors import Interceptor as Interceptor
 from ._logging import RedactingFilter as RedactingFilter
@@ -49,7 +47,6 @@ from ._registry import activity as activity
 from ._registry import default_registry as default_registry
 from ._registry import workflow as workflow
 from ._report import RecoveryReport as RecoveryReport
-from ._report import render_timeline as render_timeline
 from ._types import EntryKind as EntryKind
 from ._types import JournalEntry as JournalEntry
 from ._types import Run as Run
@@ -68,7 +65,6 @@ __all__ = [
     "Activity",
     "ActivityContext",
     "ActivityError",
-    "Attempt",
     "AttemptCancelled",
     "Client",
     "Clock",
@@ -98,7 +94,6 @@ __all__ = [
     "StaleRecordError",
     "StepInDoubtError",
     "StepState",
-    "StepView",
     "Store",
     "StoreError",
     "StoreUnavailableError",
@@ -110,7 +105,6 @@ __all__ = [
     "activity",
     "configure_logging",
     "default_registry",
-    "render_timeline",
     "store_from_url",
     "workflow",
 ]

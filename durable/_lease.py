@@ -5,7 +5,7 @@ Two different things end an attempt early, and they must not be confused:
 - **stopping** (an operator's cancel, a shutdown, a deadline): the attempt is asked to
   stop, but it still *holds* its lease. Cleanup code may still send requests and the
   attempt journals its outcome (``run_cancelled``; ``run_interrupted`` and a release).
-  That state lives on the attempt (:attr:`durable.Attempt.stopping`).
+  That state lives on the attempt (:attr:`durable._attempt.Attempt.stopping`).
 - **lost** (a renewal answered without the run, a refused write, the local deadline
   passed): someone else may hold the run now. Every request and write is refused and the
   attempt writes nothing more. That state lives here, and only here.

@@ -41,6 +41,7 @@ import anyio  # noqa: E402
 
 import durable  # noqa: E402
 import workflows  # noqa: E402
+from durable._report import render_timeline  # noqa: E402
 from workflows.audio import item_states  # noqa: E402
 from workflows.records import Slot, read_slot, seed_slot  # noqa: E402
 
@@ -136,7 +137,7 @@ class Tour:
         run = await client.get(run_id)
         entries = await client.journal(run_id)
         print()
-        for line in durable.render_timeline(run, entries, console_url=self.console_url,
+        for line in render_timeline(run, entries, console_url=self.console_url,
                                             width=96).splitlines():
             print(f"    {line}")
         print()

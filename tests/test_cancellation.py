@@ -15,6 +15,7 @@ import pytest
 
 import durable
 from durable import RunState
+from durable._attempt import Attempt
 from durable._types import JSON, EntryKind, Fence, Renewal
 from durable.store._sqlite import SqliteStore
 
@@ -197,7 +198,7 @@ async def test_a_superseded_attempt_can_send_and_write_nothing(
 
         await client.start("stubborn", id="s1")
         [run] = await client.store.claim("worker-a", 0.3, 1)
-        attempt = durable.Attempt(client.store, run, registry, lease=0.3,
+        attempt = Attempt(client.store, run, registry, lease=0.3,
                                   lease_sent_at=anyio.current_time())
         async with anyio.create_task_group() as tg:
             tg.start_soon(attempt.execute)

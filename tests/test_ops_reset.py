@@ -18,6 +18,7 @@ import pytest
 
 import durable
 from durable import RunState
+from durable._attempt import Attempt
 
 from .helpers import poll, running_worker
 from .ops import Ops, alive, git_head, ops_fixture  # noqa: F401
@@ -99,7 +100,7 @@ async def test_a_superseded_attempt_deletes_nothing_more_and_reports_nothing(
     await ops.client.start("slot.reset", "slot-4", id="reset-4", key="slot-4")
     [run] = await ops.client.store.claim("worker-a", 1.5, 1)
     async with httpx.AsyncHTTPTransport() as transport:
-        attempt = durable.Attempt(ops.client.store, run, durable.default_registry, lease=1.5,
+        attempt = Attempt(ops.client.store, run, durable.default_registry, lease=1.5,
                                   lease_sent_at=anyio.current_time(), transport=transport)
         await attempt.execute()  # nobody renews the lease: the attempt stops at its deadline
 

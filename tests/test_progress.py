@@ -15,6 +15,7 @@ import pytest
 import durable
 from durable import EntryKind, RunState
 from durable._progress import Progress, item_states, progress
+from durable._report import render_timeline
 from durable._shapes import show_json
 
 from .helpers import poll, running_worker
@@ -218,7 +219,7 @@ async def test_the_report_does_not_list_the_declaration_as_a_step(
     assert sorted(s.key for s in report.completed) == ["item-0", "item-1"]
     assert "durable.items" not in report.text()
     # the timeline shows it as the journaled value it is, saying what was declared
-    text = durable.render_timeline(done, await client.journal("rep"), width=120)
+    text = render_timeline(done, await client.journal("rep"), width=120)
     assert "2 items: item-0, item-1" in text
 
 

@@ -15,6 +15,7 @@ import pytest
 
 import durable
 from durable import EntryKind, FakeClock, RunState
+from durable._report import render_timeline
 from durable._types import Fence, JournalWrite
 
 from .helpers import kinds
@@ -201,7 +202,7 @@ async def test_show_prints_the_recovery_report_of_an_in_doubt_run(
     ])
     clock.advance(LEASE + 1)
     recovered = await fclient.get(run.id)
-    text = durable.render_timeline(recovered, await fclient.journal(run.id),
+    text = render_timeline(recovered, await fclient.journal(run.id),
                                    console_url="https://console.example")
     assert "done (not repeated by a replay): step 1\n" in text
     assert "in doubt: step 2 force_push: the next attempt runs it again or fails" in text

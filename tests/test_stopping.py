@@ -19,6 +19,7 @@ import pytest
 import durable
 import durable.testing
 from durable import EntryKind, RunState
+from durable._attempt import Attempt
 from durable._history import History
 from durable._types import JSON, Fence, JournalWrite, Renewal
 from durable.store._sqlite import SqliteStore
@@ -163,7 +164,7 @@ async def test_an_attempt_claimed_with_a_pending_cancel_runs_no_workflow_code(
         EntryKind.STEP_STARTED, 1, "1", "db.delete", 1, {"args": ["db-1"]})])
     assert await client.store.release(Fence(first.id, first.epoch), [])
     [run] = await client.store.claim("worker", 30, 1)
-    attempt = durable.Attempt(client.store, run.evolve(cancel_requested=True), registry,
+    attempt = Attempt(client.store, run.evolve(cancel_requested=True), registry,
                               lease=30, lease_sent_at=anyio.current_time())
     await attempt.execute()
     done = await client.get("p")

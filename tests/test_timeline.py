@@ -25,6 +25,7 @@ import pytest
 
 import durable
 from durable import RunState
+from durable._report import render_timeline
 
 from .conftest import ROOT, subprocess_env
 from .helpers import poll, running_worker
@@ -232,10 +233,10 @@ async def test_render_fits_any_width_it_is_given(failed_run: tuple[str, str]) ->
         run = await client.get(run_id)
         entries = await client.journal(run_id)
     for width in (40, 60, 100, 160):
-        text = durable.render_timeline(run, entries, width=width)
+        text = render_timeline(run, entries, width=width)
         assert max(len(line) for line in text.splitlines()) <= width
         assert "\x1b[" not in text
-    wide = durable.render_timeline(run, entries, width=160)
+    wide = render_timeline(run, entries, width=160)
     assert "database db-1: found and described at length" in wide
 
 

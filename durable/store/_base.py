@@ -143,7 +143,7 @@ def operator_data(data: Mapping[str, JSON], by: Mapping[str, JSON] | None) -> di
 
 
 class Store(abc.ABC):
-    """Abstract store. Use :func:`durable.store.open_store` to get one from a URL."""
+    """Abstract store. Use :func:`durable.store.store_from_url` to get one from a URL."""
 
     clock: Clock
     url: str
