@@ -55,7 +55,7 @@ from ._interceptors import (
 from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease
 from ._logging import get_logger, redact
-from ._pool import LOG_EXTENSION, WorkerTransport
+from ._pool import LOG_EXTENSION, WAIT_EXTENSION, WorkerTransport
 from ._steps import Steps, check_journalable, describe, refuse_unknown
 from ._types import JSON, EntryKind, Fence, JournalWrite, Run, RunState
 
@@ -296,6 +296,7 @@ class Attempt:
                                     url=redact(str(request.url)), step=ctx.step)
                 raise attempt.refusal()
             request.extensions[LOG_EXTENSION] = log  # the pool's wait warning names the step
+            request.extensions[WAIT_EXTENSION] = ctx._pool_wait  # and its timeout says so
 
         log = self.log.bind(step=ctx.step)
         transport: httpx.AsyncBaseTransport | None = self._transport

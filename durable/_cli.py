@@ -24,6 +24,7 @@ from ._client import Client, InDoubt, check_step, describe_replay
 from ._errors import ConfigError, DurableError
 from ._follow import Follower
 from ._logging import configure_logging, redact
+from ._pool import MIN_HTTP_CONNECTIONS
 from ._registry import default_registry
 from ._report import (
     _isatty,
@@ -298,7 +299,8 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
     try:
         _say_created(store)
         worker = Worker(store, concurrency=args.concurrency, lease=args.lease,
-                        grace=args.grace, poll_interval=args.poll, console_url=console_url)
+                        grace=args.grace, poll_interval=args.poll, console_url=console_url,
+                        http_connections=args.http_connections)
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, worker)  # handlers in place before worker_started
             if console_sock is not None:
@@ -427,11 +429,26 @@ def _import_option(parser: argparse.ArgumentParser) -> None:
              "that declares the workflows; repeatable (also $DURABLE_IMPORT, comma-separated)")
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _worker_options(parser: argparse.ArgumentParser) -> None:
     _common(parser, console=True)
     _import_option(parser)
     parser.add_argument("--concurrency", type=int, default=16, metavar="N",
                         help="runs executed at the same time")
+    parser.add_argument("--http-connections", type=_at_least_one, metavar="N",
+                        help="requests in flight at once through ctx.http, per host (scheme, "
+                             "host, port); a request beyond them waits for a connection and "
+                             "the wait is logged (http_pool_wait) (default: the concurrency, "
+                             f"at least {MIN_HTTP_CONNECTIONS})")
     parser.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
                         help="lease on each claimed run, renewed every second; a crashed "
                              "worker's runs are recovered once it expires")

@@ -233,6 +233,24 @@ class ActivityContext:
         self.idempotency_key = idempotency_key
         self._http = http
         self.summary: JSON = None
+        self.pool_waited = 0.0
+        """Seconds this try's requests waited for a connection of the worker's pool (its
+        ``http_connections`` per host were all in use): part of the step's timeout."""
+        self.pool_wait_host: tuple[str, int, str] | None = None
+
+    def _pool_wait(self, waited: float, host: str, limit: int, outcome: str) -> None:
+        self.pool_waited += waited
+        self.pool_wait_host = (host, limit, outcome)
+
+    def pool_wait_note(self) -> str:
+        """What a timeout message adds when part of the time was a wait for a connection."""
+        if self.pool_wait_host is None:
+            return ""
+        host, limit, outcome = self.pool_wait_host
+        unsent = "" if outcome == "connection" else ", the last request never sent"
+        return (f"; {self.pool_waited:.1f} s of it waiting for a connection to {host}"
+                f"{unsent}: all {limit} connections per host were in use (Worker "
+                "http_connections)")
 
     @classmethod
     def standalone(cls, http: httpx.AsyncClient | None = None) -> ActivityContext:

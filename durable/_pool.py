@@ -11,8 +11,9 @@ request per attempt at a time) spread over small httpcore pools (*shards*) of at
 :data:`SHARD_SIZE` connections each, so each pool's scans stay short. A request picks the
 shard with the fewest requests in flight; when the host's limit is reached it waits for a
 slot, and that wait is logged (``http_pool_wait``: how long, which host) because it counts
-against the step's timeout. The wait is bounded by the request's ``pool`` timeout
-(:class:`httpx.PoolTimeout`), as httpx's own pool does.
+against the step's timeout, also when that timeout (or a stop) ends the wait, and the
+step's timeout error says how much of it was a wait. The wait is bounded by the request's
+``pool`` timeout (:class:`httpx.PoolTimeout`), as httpx's own pool does.
 
 Connections to an IP address are opened with one non-blocking socket
 (:class:`_DirectBackend`) instead of anyio's ``connect_tcp`` (happy eyeballs: a task group
@@ -53,6 +54,11 @@ steps in a task group) waits no more than it did before."""
 
 LOG_EXTENSION = "durable.log"
 """Request extension carrying the attempt's bound logger (for the pool-wait warning)."""
+
+WAIT_EXTENSION = "durable.pool_wait"
+"""Request extension: ``told(waited, host, limit, outcome)``, called when a wait for a slot
+ends (``outcome``: ``connection``, ``pool timeout``, ``cancelled``), so that the step's
+timeout message can say what part of it was a wait."""
 
 _log = get_logger("durable.http")
 
@@ -206,21 +212,32 @@ class WorkerTransport(httpx.AsyncBaseTransport):
         host.waits += 1
         timeout = (request.extensions.get("timeout") or {}).get("pool")
         started = anyio.current_time()
-        with anyio.move_on_after(float("inf") if timeout is None else timeout) as scope:
-            await host.slots.acquire()
-        waited = anyio.current_time() - started
-        log = request.extensions.get(LOG_EXTENSION) or _log
-        target = redact(f"{request.url.scheme}://{request.url.netloc.decode()}")
-        if scope.cancelled_caught:
-            log.warning("http_pool_wait", host=target, waited=round(waited, 3),
-                        limit=host.limit, outcome="pool timeout")
+        outcome = "cancelled"  # the step's timeout (or a stop) ended the wait
+        try:
+            with anyio.move_on_after(float("inf") if timeout is None else timeout) as scope:
+                await host.slots.acquire()
+            outcome = "pool timeout" if scope.cancelled_caught else "connection"
+        finally:
+            waited = anyio.current_time() - started
+            target = redact(f"{request.url.scheme}://{request.url.netloc.decode()}")
+            told = request.extensions.get(WAIT_EXTENSION)
+            if told is not None:
+                told(waited, target, host.limit, outcome)
+            log = request.extensions.get(LOG_EXTENSION) or _log
+            if outcome == "connection":
+                log.warning("http_pool_wait", host=target, waited=round(waited, 3),
+                            limit=host.limit,
+                            note="the wait counts against the step's timeout; raise the "
+                                 "worker's http_connections to avoid it")
+            else:
+                log.warning("http_pool_wait", host=target, waited=round(waited, 3),
+                            limit=host.limit, outcome=outcome,
+                            note="never sent: no connection was free")
+        if outcome == "pool timeout":
             raise httpx.PoolTimeout(
                 f"waited {waited:.1f} s for a connection to {target}: all "
                 f"{host.limit} connections per host were in use (Worker http_connections)",
                 request=request)
-        log.warning("http_pool_wait", host=target, waited=round(waited, 3), limit=host.limit,
-                    note="the wait counts against the step's timeout; raise the worker's "
-                         "http_connections to avoid it")
 
     async def aclose(self) -> None:
         hosts, self._hosts = list(self._hosts.values()), {}

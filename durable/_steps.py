@@ -443,7 +443,8 @@ class Steps:
             except Exception as exc:
                 message = describe(exc)
                 if isinstance(exc, TimeoutError) and act.timeout is not None:
-                    message = f"timed out after {act.timeout:g} s (the call in flight was aborted)"
+                    message = (f"timed out after {act.timeout:g} s (the call in flight was "
+                               f"aborted){ctx.pool_wait_note()}")
                 retry = act.retry.retryable(exc) and view.tries_used < act.retry.max_tries
                 data: dict[str, JSON] = {"error": message, "error_type": type(exc).__name__,
                                          "summary": ctx.summary}

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
+from anyio.lowlevel import cancel_shielded_checkpoint
 
 from . import _clock, _liveness, _wake
 from ._attempt import Attempt
@@ -22,6 +23,12 @@ from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
 from ._registry import Registry, Workflow, default_registry
 from ._types import Fence, Run
 from .store import Store
+
+SPAWN_WAVE = 16
+"""Attempts started from one claim before the claim loop yields: the first ones reach
+their journal write, its commit and their request while the rest are still being started
+(a claim of 1,000 started at once sent its first request after the 1,000th attempt had
+journaled its step)."""
 
 BUSY_LOOK_GAP = 0.01
 """Seconds between two looks of a worker holding runs after change signals (a claim and a
@@ -157,7 +164,9 @@ class Worker:
                 async with anyio.create_task_group() as runs:
                     _wake.hub(self.store).workers.add(self)
                     self.log.info("worker_started", concurrency=self.concurrency,
-                                  lease=self.lease, store=type(self.store).__name__)
+                                  lease=self.lease, store=type(self.store).__name__,
+                                  http_connections=self.http_connections
+                                  if self._transport is None else "own transport")
                     task_status.started()
                     await self._claim_loop(runs, transport)
                     with anyio.move_on_after(self.grace) as self._grace_scope:
@@ -199,7 +208,12 @@ class Worker:
                 except StoreError as exc:
                     failures += 1
                     self.log.error("claim_failed", error=str(exc), failures=failures)
-                for run in claimed:
+                for i, run in enumerate(claimed):
+                    if i and i % SPAWN_WAVE == 0:
+                        # in waves: the attempts started so far run on to their first
+                        # wait before the next ones start (shielded: every claimed run
+                        # is started, as without the wave)
+                        await cancel_shielded_checkpoint()
                     self._spawn(runs, run, sent, transport, sent_boot)
                 if claimed and len(claimed) == free:
                     continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -43,6 +43,8 @@ class LoopbackServer:
         self.rules: dict[str, list[Rule]] = {}
         self.port = 0
         self.changed = anyio.Event()
+        self.on_arrival: Callable[[Seen], None] | None = None
+        """Called as each request arrives, before the next task runs (ordering tests)."""
 
     @property
     def url(self) -> str:
@@ -97,6 +99,8 @@ class LoopbackServer:
                 return
             seen = Seen(method, path, headers, rest, time.time())
             self.requests.append(seen)
+            if self.on_arrival is not None:
+                self.on_arrival(seen)
             self._notify()
             rule = self._rule(path)
             if rule.hang:

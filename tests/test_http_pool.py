@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
 import pytest
 
+import durable
+from durable import _worker
 from durable._pool import SHARD_SIZE, WorkerTransport
 from durable._worker import Worker
 
 from .conftest import ROOT, subprocess_env
+from .helpers import poll, python_process, running_worker
 from .httpserver import Rule, loopback_server
 
 pytestmark = pytest.mark.anyio
@@ -74,8 +79,6 @@ async def test_one_host_spreads_over_small_pools_and_hosts_are_apart() -> None:
 
 
 def test_the_worker_sizes_its_pool_from_its_concurrency(tmp_path: Path) -> None:
-    import durable
-
     store = durable.store_from_url(f"sqlite:///{tmp_path / 'x.db'}")
     assert Worker(store, concurrency=40).http_connections == 100  # httpx's default, at least
     assert Worker(store, concurrency=1000).http_connections == 1000
@@ -132,3 +135,165 @@ async def test_direct_connects_refused_and_by_name() -> None:
         assert len(server.seen("/ok")) == 2
         host = transport._hosts[(b"http", b"127.0.0.1", server.port)]
         assert sum(host.in_flight) == 0 and host.slots.value == 4
+
+
+async def test_a_large_claim_sends_its_first_request_before_its_last_attempt_starts(
+        client: durable.Client, registry: durable.Registry,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker starts a claim's attempts in waves (SPAWN_WAVE): the first ones journal
+    their step and send their request while later ones are still to start. Started all at
+    once, every attempt passed each stage (its step_started write, its request) before any
+    went on, and the first request left after the last attempt had started."""
+    wave = 4  # small waves: the same mechanism as SPAWN_WAVE, with fewer runs to claim
+    monkeypatch.setattr(_worker, "SPAWN_WAVE", wave)
+    runs = 32 * wave
+    store = client.store
+    claims: list[int] = []
+    started_when_first_arrived: list[int] = []
+    async with loopback_server() as server:
+
+        @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
+        async def fetch(ctx: durable.ActivityContext, url: str) -> int:
+            return (await ctx.http.get(url)).status_code
+
+        @durable.workflow("waves.one", registry=registry)
+        async def one(ctx: durable.WorkflowContext, url: str) -> int:
+            return int(await fetch(ctx, url))
+
+        for i in range(runs):
+            await client.start(one, f"{server.url}/ok", id=f"w-{i:04d}")
+        worker = Worker(store, registry=registry, concurrency=runs, poll_interval=0.05)
+        original = store.claim
+
+        async def claim(*args: Any, **kwargs: Any) -> list[durable.Run]:
+            got = await original(*args, **kwargs)
+            if got:
+                claims.append(len(got))
+            return got
+
+        def arrived(seen: Any) -> None:
+            if not started_when_first_arrived:
+                started_when_first_arrived.append(worker.claimed)
+
+        store.claim = claim  # type: ignore[method-assign]
+        server.on_arrival = arrived
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+
+            async def all_completed() -> bool:
+                counts = await store.count_runs()
+                return counts.get(durable.RunState.COMPLETED, 0) == runs
+
+            await poll(all_completed, timeout=60)
+            worker.shutdown(grace=10)
+        del store.claim
+    assert claims[0] == runs  # one claim took them all
+    assert len(server.seen("/ok")) == runs
+    print("attempts started when the first request arrived:", started_when_first_arrived)
+    assert started_when_first_arrived[0] < runs
+
+
+async def test_the_worker_command_sizes_the_pool_with_http_connections(
+        tmp_path: Path) -> None:
+    """``python -m durable.worker --http-connections 2``: three requests at once to one host,
+    two in flight, the third waits for a slot and the wait is logged with the limit."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    log = tmp_path / "worker.log"
+    async with loopback_server() as server, durable.Client.connect(url) as client:
+        await anyio.run_process(
+            [sys.executable, "-m", "durable", "start", "cli.fan_out",
+             json.dumps(f"{server.url}/ok"), "3", "--id", "fan", "--import",
+             "tests.cliflows", "--db", url], cwd=ROOT, env=subprocess_env())
+        with python_process(["-m", "durable.worker", "--db", url, "--import",
+                             "tests.cliflows", "--http-connections", "2", "--concurrency",
+                             "1", "--log-format", "json", "--poll", "0.05"], log) as proc:
+            done = await client.wait("fan", timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30):
+                while proc.poll() is None:  # bounded poll of the worker's exit
+                    await anyio.sleep(0.02)
+        assert proc.returncode == 0, log.read_text()
+    assert done.state is durable.RunState.COMPLETED and done.result == [200, 200, 200]
+    assert len(server.seen("/ok")) == 3
+    lines = [json.loads(line) for line in log.read_text().splitlines()
+             if line.startswith("{")]
+    [started] = [e for e in lines if e.get("event") == "worker_started"]
+    assert started["http_connections"] == 2
+    [wait] = [e for e in lines if e.get("event") == "http_pool_wait"]
+    assert wait["limit"] == 2 and wait["workflow_id"] == "fan"
+
+
+def test_http_connections_must_be_a_whole_number_above_zero(tmp_path: Path) -> None:
+    for bad, words in (("0", "must be at least 1, not 0"), ("x", "not a whole number")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "durable.worker", "--db",
+             f"sqlite:///{tmp_path / 'never.db'}", "--import", "tests.cliflows",
+             "--http-connections", bad], cwd=ROOT, env=subprocess_env(),
+            capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2
+        [line] = proc.stderr.splitlines()
+        assert "--http-connections" in line and words in line, proc.stderr
+    assert not (tmp_path / "never.db").exists()
+
+
+async def test_a_wait_ended_by_the_callers_timeout_is_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    transport = WorkerTransport(1)
+    told: list[tuple[str, int, str]] = []
+    async with loopback_server() as server, httpx.AsyncClient(transport=transport) as client:
+        server.on("/hang", Rule(hang=True))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.get, f"{server.url}/hang")
+            await server.wait_for(lambda: len(server.seen("/hang")) == 1)
+            with caplog.at_level(logging.WARNING), anyio.move_on_after(0.2) as scope:
+                await client.get(f"{server.url}/ok", extensions={
+                    "durable.pool_wait": lambda w, h, n, o: told.append((h, n, o))})
+            assert scope.cancelled_caught
+            tg.cancel_scope.cancel()
+        assert server.seen("/ok") == []
+    assert told == [(server.url, 1, "cancelled")]
+    assert "http_pool_wait" in caplog.text and "cancelled" in caplog.text
+
+
+async def test_a_step_timed_out_waiting_for_a_connection_says_so(
+        client: durable.Client, registry: durable.Registry,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One connection per host: a step holds it; another step's timeout runs out while it
+    waits for it. Its error says how much of the timeout was the wait, and the wait is
+    logged with the step."""
+    async with loopback_server() as server:
+        server.on("/hang", Rule(hang=True))
+        holding = anyio.Event()
+        server.on_arrival = lambda seen: holding.set() if seen.path == "/hang" else None
+
+        @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
+        async def hold(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{server.url}/hang")
+
+        @durable.activity(registry=registry, timeout=0.3,
+                          retry=durable.RetryPolicy(max_tries=1))
+        async def quick(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{server.url}/ok")
+
+        @durable.workflow("pool.starved", registry=registry)
+        async def starved(ctx: durable.WorkflowContext) -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: ctx.step(hold, key="hold"))
+                await holding.wait()
+                await ctx.step(quick, key="quick")
+
+        with caplog.at_level(logging.WARNING):
+            async with running_worker(client, registry, http_connections=1):
+                await client.start("pool.starved", id="p1")
+                done = await client.wait("p1")
+    assert done.state is durable.RunState.FAILED
+    [failed] = [e for e in await client.journal("p1") if e.kind.value == "step_failed"
+                and e.step_key == "quick"]
+    assert isinstance(failed.data, dict)
+    error = str(failed.data["error"])
+    assert error.startswith("timed out after 0.3 s (the call in flight was aborted); ")
+    assert f"s of it waiting for a connection to {server.url}, the last request never " \
+           "sent: all 1 connections per host were in use (Worker http_connections)" in error
+    assert server.seen("/ok") == []
+    [wait] = [r.getMessage() for r in caplog.records if "http_pool_wait" in r.getMessage()]
+    assert "outcome=cancelled" in wait and "workflow_id=p1" in wait and "step=2" in wait
