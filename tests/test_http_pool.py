@@ -173,7 +173,7 @@ async def test_a_large_claim_sends_its_first_request_before_its_last_attempt_sta
 
         def arrived(seen: Any) -> None:
             if not started_when_first_arrived:
-                started_when_first_arrived.append(worker.claimed)
+                started_when_first_arrived.append(len(worker.active))
 
         store.claim = claim  # type: ignore[method-assign]
         server.on_arrival = arrived
