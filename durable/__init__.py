@@ -47,6 +47,9 @@ from ._registry import activity as activity
 from ._registry import default_registry as default_registry
 from ._registry import workflow as workflow
 from ._report import RecoveryReport as RecoveryReport
+from ._schedules import Schedule as Schedule
+from ._schedules import ScheduleSpec as ScheduleSpec
+from ._schedules import schedule as schedule
 from ._types import EntryKind as EntryKind
 from ._types import JournalEntry as JournalEntry
 from ._types import Run as Run
@@ -90,6 +93,8 @@ __all__ = [
     "RunConflictError",
     "RunNotFoundError",
     "RunState",
+    "Schedule",
+    "ScheduleSpec",
     "SchemaVersionError",
     "StaleRecordError",
     "StepInDoubtError",
@@ -105,6 +110,7 @@ __all__ = [
     "activity",
     "configure_logging",
     "default_registry",
+    "schedule",
     "store_from_url",
     "workflow",
 ]

@@ -35,6 +35,7 @@ from ._report import (
     terminal_width,
     use_color,
 )
+from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
 from ._shapes import run_json, show_json
 from ._types import RunState
 from ._version import __version__
@@ -265,6 +266,73 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _cmd_schedule_add(args: argparse.Namespace) -> int:
+    import_modules(_imports(args))
+    spec = ScheduleSpec(name=args.name, workflow=args.workflow,
+                        args=[_parse_json_arg(a) for a in args.args], cron=args.cron,
+                        timezone=args.timezone, key=args.key, catchup=args.catchup)
+    default_registry.workflow(spec.workflow)  # before the database is opened
+    async with Client.connect(args.db) as client:
+        _say_created(client.store)
+        found = await client.add_schedule(spec)
+    if args.json:
+        print(json.dumps(found.to_json(), indent=2))
+    else:
+        print(f"schedule {found.name}: {found.spec.workflow} at {found.spec.cron!r} "
+              f"({found.spec.timezone}); next fire {iso(found.next_fire())}")
+    return 0
+
+
+async def _cmd_schedule_list(args: argparse.Namespace) -> int:
+    async with Client.connect(args.db, create=False) as client:
+        found = await client.schedules()
+    if args.json:
+        print(json.dumps([s.to_json() for s in found], indent=2))
+        return 0
+    if not found:
+        print("no schedules")
+        return 0
+    print(f"{'name':<24} {'workflow':<20} {'cron':<18} {'timezone':<16} {'next fire':<21} "
+          "last run")
+    for sched in found:
+        nxt = "paused" if sched.paused else iso(sched.next_fire())
+        print(f"{sched.name:<24} {sched.spec.workflow:<20} {sched.spec.cron:<18} "
+              f"{sched.spec.timezone:<16} {nxt:<21} {sched.last_run_id or '-'}")
+    return 0
+
+
+async def _cmd_schedule_show(args: argparse.Namespace) -> int:
+    async with Client.connect(args.db, create=False) as client:
+        found = await client.get_schedule(args.name)
+    shown = found.to_json()
+    if args.json:
+        print(json.dumps(shown, indent=2))
+        return 0
+    shown["catchup"] = catchup_text(found.spec.catchup)
+    shown["args"] = json.dumps(found.spec.args)
+    for name, value in shown.items():
+        print(f"{name + ':':<14} {'-' if value is None else value}")
+    return 0
+
+
+async def _cmd_schedule_pause(args: argparse.Namespace) -> int:
+    paused = args.schedule_command == "pause"
+    async with Client.connect(args.db, create=False) as client:
+        found = await client.pause_schedule(args.name, paused=paused)
+    if paused:
+        print(f"schedule {found.name} paused: it starts nothing until resumed")
+    else:
+        print(f"schedule {found.name} resumed; next fire {iso(found.next_fire())}")
+    return 0
+
+
+async def _cmd_schedule_delete(args: argparse.Namespace) -> int:
+    async with Client.connect(args.db, create=False) as client:
+        await client.delete_schedule(args.name)
+    print(f"schedule {args.name} deleted (the runs it started stay)")
+    return 0
+
+
 async def _cmd_migrate(args: argparse.Namespace) -> int:
     store = store_from_url(args.db)
     await store.open()
@@ -300,7 +368,8 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
         _say_created(store)
         worker = Worker(store, concurrency=args.concurrency, lease=args.lease,
                         grace=args.grace, poll_interval=args.poll, console_url=console_url,
-                        http_connections=args.http_connections)
+                        http_connections=args.http_connections,
+                        schedules=not args.no_schedules)
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, worker)  # handlers in place before worker_started
             if console_sock is not None:
@@ -457,6 +526,9 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
                              "before they are cancelled (a second signal cancels at once)")
     parser.add_argument("--poll", type=float, default=0.5, metavar="SECONDS",
                         help="when idle, time between looks for due runs")
+    parser.add_argument("--no-schedules", action="store_true",
+                        help="do not run the scheduler here (by default every worker fires "
+                             "due schedules; a fire starts one run however many do)")
     parser.add_argument("--log-format", choices=("console", "json"), default="console",
                         help="log lines on stderr: console (for people) or json (one object "
                              "a line)")
@@ -556,6 +628,8 @@ def build_parser() -> _Parser:
                        help="count steps whose outcome is unknown (in doubt) as done")
     p.set_defaults(func=_cmd_replay)
 
+    schedule_actions = _schedule_parser(sub)
+
     p = sub.add_parser("migrate", help="create or upgrade the database schema",
                        description="Create the database (or PostgreSQL schema) or upgrade it "
                                    "to this version's schema, then print its version.")
@@ -575,7 +649,88 @@ def build_parser() -> _Parser:
     _worker_options(p)
     for command in sub.choices.values():
         command.set_defaults(command_parser=command)
+    for nested in schedule_actions:
+        nested.set_defaults(command_parser=nested)
     return parser
+
+SCHEDULE_DESCRIPTION = """\
+Schedules start a run of a workflow at each fire of a cron expression. Every worker runs the
+scheduler; a fire starts one run, with the id NAME@<fire time, ISO UTC> (for example
+nightly@2026-12-02T03:00:00Z), however many workers see it. Schedules are declared in code
+(durable.schedule(...), written by each worker at start) or added here.
+"""
+
+
+def _schedule_parser(sub: Any) -> list[argparse.ArgumentParser]:
+    """The ``schedule`` command and its actions (returned: each reports its own errors)."""
+    actions_seen: list[argparse.ArgumentParser] = []
+    p = sub.add_parser("schedule", help="add, list, show, pause, resume or delete schedules",
+                       description=SCHEDULE_DESCRIPTION)
+    actions = p.add_subparsers(dest="schedule_command", required=True, title="actions",
+                               metavar="ACTION")
+    a = actions.add_parser(
+        "add", help="add a schedule",
+        description="Add a schedule: start WORKFLOW with the JSON arguments at every fire of "
+                    "--cron, read in --timezone. Its first fire is the first after now. "
+                    "Adding the same definition again changes nothing; another definition "
+                    "under a name in use is refused.")
+    _common(a)
+    a.add_argument("name", help="the schedule's name (no spaces, no '@'); its runs' ids are "
+                               "NAME@<fire time>")
+    a.add_argument("workflow", help="the workflow's registered name, e.g. slot.reset")
+    a.add_argument("args", nargs="*", metavar="JSON_ARG",
+                   help="the workflow's arguments, each a JSON value")
+    _import_option(a)
+    a.add_argument("--cron", required=True,
+                   help="when: 5 fields (minute hour day month weekday, e.g. "
+                        "'0 3 * * *', 03:00 daily) or 6, the sixth being seconds "
+                        "('* * * * * */10': every 10 s), as croniter reads them")
+    a.add_argument("--timezone", default="UTC", metavar="TZ",
+                   help="IANA timezone the cron expression is read in, e.g. Europe/Paris")
+    a.add_argument("--key", help="concurrency key of the runs it starts (default: none)")
+    a.add_argument("--catchup", default="skip", metavar="skip|N",
+                   help="fires missed while no worker ran: skip (a fire found more than "
+                        f"{SKIP_GRACE:g} s late is not started) or N (start up to the N "
+                        "latest missed fires, oldest first)")
+    a.add_argument("--json", action="store_true", help="print the schedule as JSON")
+    a.set_defaults(func=_cmd_schedule_add)
+    actions_seen.append(a)
+
+    a = actions.add_parser("list", help="every schedule: next fire, paused, last run",
+                           description="List the schedules: workflow, cron, timezone, next "
+                                       "fire time (or paused) and the last run started.")
+    _common(a)
+    a.add_argument("--json", action="store_true", help="print the schedules as JSON")
+    a.set_defaults(func=_cmd_schedule_list)
+    actions_seen.append(a)
+
+    a = actions.add_parser("show", help="one schedule in full",
+                           description="Print a schedule: its definition, next fire time, "
+                                       "paused or not, and its last run.")
+    _common(a)
+    a.add_argument("name", help="the schedule's name")
+    a.add_argument("--json", action="store_true", help="print the schedule as JSON")
+    a.set_defaults(func=_cmd_schedule_show)
+    actions_seen.append(a)
+
+    for action, text in (("pause", "pause a schedule: it starts nothing until resumed"),
+                         ("resume", "resume a paused schedule; fires while it was paused "
+                                    "are never started")):
+        a = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        _common(a)
+        a.add_argument("name", help="the schedule's name")
+        a.set_defaults(func=_cmd_schedule_pause)
+        actions_seen.append(a)
+
+    a = actions.add_parser("delete", help="delete a schedule (its runs stay)",
+                           description="Delete a schedule; the runs it started stay. A "
+                                       "schedule declared in code comes back when a worker "
+                                       "with that code starts: remove it from the code.")
+    _common(a)
+    a.add_argument("name", help="the schedule's name")
+    a.set_defaults(func=_cmd_schedule_delete)
+    actions_seen.append(a)
+    return actions_seen
 
 
 CONSOLE_DESCRIPTION = """\

@@ -24,6 +24,7 @@ from ._interceptors import Chain, Interceptor, StartInfo, tell
 from ._logging import get_logger
 from ._registry import Registry, Workflow, default_registry, positional
 from ._report import RecoveryReport
+from ._schedules import Schedule, ScheduleSpec
 from ._types import JSON, JournalEntry, NewRun, Run, RunState, StepState, dumps
 from .store import Store, store_from_url
 from .store._base import Cursor
@@ -335,6 +336,53 @@ class Client:
         self.log.info("run_replayed", workflow_id=run_id, from_step=from_step,
                       in_doubt=in_doubt)
         return queued
+
+    # -- schedules (durable/_schedules.py; docs/design.md, "Schedules") ------------------------
+    async def add_schedule(self, spec: ScheduleSpec) -> Schedule:
+        """Create a schedule at run time: its fires after now start runs. Adding the same
+        definition again returns the schedule; another definition under a name in use is a
+        :class:`ConfigError` and writes nothing."""
+        self.registry.workflow(spec.workflow)  # unknown names fail here, before any write
+        found, created = await self.store.put_schedule(spec, origin="cli", replace=False)
+        if not created and not found.spec.same_definition(spec):
+            raise ConfigError(
+                f"a schedule named {spec.name!r} exists with another definition "
+                f"({found.spec.workflow}, cron {found.spec.cron!r}, {found.spec.timezone}); "
+                "delete it first, or choose another name")
+        if created:
+            self.log.info("schedule_added", schedule=spec.name, cron=spec.cron,
+                          timezone=spec.timezone, workflow=spec.workflow)
+        return found
+
+    async def get_schedule(self, name: str) -> Schedule:
+        found = await self.store.get_schedule(name)
+        if found is None:
+            raise ConfigError(_no_schedule(name))
+        return found
+
+    async def schedules(self) -> builtins.list[Schedule]:
+        """Every schedule, by name."""
+        return await self.store.list_schedules()
+
+    async def pause_schedule(self, name: str, *, paused: bool = True) -> Schedule:
+        """Pause a schedule (it starts nothing until resumed), or resume it with
+        ``paused=False`` (fires while it was paused are never started)."""
+        found = await self.store.pause_schedule(name, paused)
+        if found is None:
+            raise ConfigError(_no_schedule(name))
+        self.log.info("schedule_paused" if paused else "schedule_resumed", schedule=name)
+        return found
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a schedule; the runs it started stay. A schedule declared in code is
+        written again by the next worker that starts with it."""
+        if not await self.store.delete_schedule(name):
+            raise ConfigError(_no_schedule(name))
+        self.log.info("schedule_deleted", schedule=name)
+
+
+def _no_schedule(name: str) -> str:
+    return f"no schedule named {name!r} (see: durable schedule list)"
 
 
 async def _first(group: anyio.abc.TaskGroup, wait: Any, *args: Any) -> None:

@@ -14,6 +14,7 @@ from ._errors import ConfigError, NonRetryableError, UnknownWorkflowError
 
 if TYPE_CHECKING:
     from ._context import ActivityContext, WorkflowContext
+    from ._schedules import ScheduleSpec
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -219,6 +220,21 @@ class Registry:
         self._own: dict[str, Workflow[..., Any]] = {}
         self.parent = parent
         self.activities: dict[str, Activity[..., Any]] = {}
+        self._schedules: dict[str, ScheduleSpec] = {}
+
+    @property
+    def schedules(self) -> dict[str, ScheduleSpec]:
+        """Schedules declared in code (:func:`durable.schedule`), written by workers at
+        start: this registry's own, and its parent's."""
+        if self.parent is None:
+            return self._schedules
+        return {**self.parent.schedules, **self._schedules}
+
+    def add_schedule(self, spec: ScheduleSpec) -> None:
+        existing = self.schedules.get(spec.name)
+        if existing is not None and not existing.same_definition(spec):
+            raise ConfigError(f"two schedules are named {spec.name!r}")
+        self._schedules[spec.name] = spec
 
     @property
     def workflows(self) -> dict[str, Workflow[..., Any]]:

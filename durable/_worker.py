@@ -16,11 +16,12 @@ from anyio.lowlevel import cancel_shielded_checkpoint
 
 from . import _clock, _liveness, _wake
 from ._attempt import Attempt
-from ._errors import ConfigError, StoreError
+from ._errors import ConfigError, DurableError, StoreError
 from ._interceptors import Chain, ClaimInfo, Interceptor, RenewInfo, around, tell
 from ._logging import get_logger
 from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
 from ._registry import Registry, Workflow, default_registry
+from ._schedules import Scheduler
 from ._types import Fence, Run
 from .store import Store
 
@@ -78,6 +79,8 @@ class Worker:
         transport: httpx.AsyncBaseTransport | None = None,
         http_connections: int | None = None,
         interceptors: Sequence[Interceptor] = (),
+        schedules: bool = True,
+        schedule_interval: float = 1.0,
     ) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be at least 1")
@@ -125,6 +128,16 @@ class Worker:
         self.log = get_logger("durable.worker", worker=self.worker_id)
         self.interceptors = tuple(interceptors)
         self._chain = Chain.of(self.interceptors)
+        if schedule_interval <= 0:
+            raise ConfigError("schedule_interval must be positive")
+        self.schedule_interval = schedule_interval
+        """The longest wait between two looks at the schedules (a schedule added or resumed
+        elsewhere is seen within it); the scheduler wakes at the next fire time before."""
+        self.scheduler: Scheduler | None = (
+            Scheduler(store, on_start=self._fired, worker=self.worker_id) if schedules else None)
+        """Fires the store's schedules (docs/design.md, "Schedules"); None with
+        ``schedules=False``."""
+        self._schedule_wake = anyio.Event()
 
     # -- control -----------------------------------------------------------------------------
     def shutdown(self, grace: float | None = None) -> None:
@@ -139,9 +152,18 @@ class Worker:
         self._stopping = True
         self._wake.set()
         self._changed.set()
+        self._schedule_wake.set()
 
     def wake(self) -> None:
         """Look for work now rather than at the next poll."""
+        self._wake.set()
+
+    def wake_scheduler(self) -> None:
+        """Look at the schedules now (after a schedule changed, or an injected clock moved)."""
+        self._schedule_wake.set()
+
+    def _fired(self) -> None:
+        _wake.hub(self.store).work()  # this process's workers claim the fire's run now
         self._wake.set()
 
     def cancel_local(self, run_id: str) -> None:
@@ -161,6 +183,7 @@ class Worker:
                 service.start_soon(self._sweep_loop)
                 service.start_soon(self._liveness_loop)
                 service.start_soon(self._notify_loop)
+                service.start_soon(self._schedule_loop)
                 async with anyio.create_task_group() as runs:
                     _wake.hub(self.store).workers.add(self)
                     self.log.info("worker_started", concurrency=self.concurrency,
@@ -356,6 +379,30 @@ class Worker:
                     tell(self._chain.recovered, recovered, "sweep")
                 self._wake.set()
             await anyio.sleep(self.sweep_interval)
+
+    async def _schedule_loop(self) -> None:
+        """Fire due schedules; sleep until the next fire time, at most ``schedule_interval``
+        (times are the store's clock: an injected clock is read again at each look)."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        declared = False
+        while not self._stopping:
+            upcoming: float | None = None
+            try:
+                if not declared:
+                    await scheduler.declare(list(self.registry.schedules.values()))
+                    declared = True
+                upcoming = await scheduler.tick()
+                wait = self.schedule_interval
+                if upcoming is not None:
+                    wait = min(wait, max(0.0, upcoming - await self.store.now()))
+            except DurableError as exc:
+                self.log.error("schedule_failed", error=str(exc))
+                wait = self.schedule_interval
+            with anyio.move_on_after(wait):
+                await self._schedule_wake.wait()
+            self._schedule_wake = anyio.Event()
 
     # -- liveness (one machine) ------------------------------------------------------------------
     async def _hold_lock(self) -> None:

@@ -12,7 +12,9 @@ from durable._cli import build_parser, worker_parser
 
 from .test_cli import assert_one_line_error, cli
 
-COMMANDS = ["start", "list", "show", "cancel", "replay", "migrate", "console", "worker"]
+COMMANDS = ["start", "list", "show", "cancel", "replay", "schedule", "migrate", "console",
+            "worker"]
+SCHEDULE_ACTIONS = ["add", "list", "show", "pause", "resume", "delete"]
 
 
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -22,7 +24,9 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
 
 def every_parser() -> dict[str, argparse.ArgumentParser]:
     top = build_parser()
-    return {"durable": top, **{f"durable {n}": p for n, p in subparsers(top).items()},
+    commands = subparsers(top)
+    return {"durable": top, **{f"durable {n}": p for n, p in commands.items()},
+            **{f"durable schedule {n}": p for n, p in subparsers(commands["schedule"]).items()},
             "python -m durable.worker": worker_parser()}
 
 
@@ -41,6 +45,7 @@ def test_every_subcommand_is_listed_with_a_one_line_help() -> None:
     for name in COMMANDS:
         assert re.search(rf"^\s+{name}\s+\S", text, re.M), (name, text)
     assert "``" not in text and ":class:" not in text and ":func:" not in text
+    assert list(subparsers(subparsers(top)["schedule"])) == SCHEDULE_ACTIONS
 
 
 @pytest.mark.parametrize("name", list(every_parser()))
@@ -89,7 +94,7 @@ def test_options_a_command_would_ignore_are_refused(tmp_path: object) -> None:
 
 def test_traceback_is_accepted_by_every_command() -> None:
     for name, parser in every_parser().items():
-        if name == "durable":
+        if name in ("durable", "durable schedule"):
             continue
         flags = {o for a in parser._actions for o in a.option_strings}
         assert "--traceback" in flags, name

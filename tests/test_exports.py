@@ -22,10 +22,11 @@ PUBLIC = [
     "InvalidStateError", "JournalEntry", "LeaseLostError", "NonDeterminismError",
     "NonRetryableError", "NotJsonError", "NotSentError", "RecoveryReport", "RedactingFilter",
     "Registry", "ResultUnknownError", "RetryPolicy", "Run", "RunConflictError",
-    "RunNotFoundError", "RunState", "SchemaVersionError", "StaleRecordError",
+    "RunNotFoundError", "RunState", "Schedule", "ScheduleSpec", "SchemaVersionError",
+    "StaleRecordError",
     "StepInDoubtError", "StepState", "Store", "StoreError", "StoreUnavailableError",
     "UnknownWorkflowError", "WallClock", "Worker", "Workflow", "WorkflowContext", "activity",
-    "configure_logging", "default_registry", "store_from_url", "workflow",
+    "configure_logging", "default_registry", "schedule", "store_from_url", "workflow",
 ]
 """Exactly what users need: declaring, starting, running and inspecting workflows, the
 errors, the headers a fenced service reads, and the store to connect to."""

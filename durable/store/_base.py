@@ -20,6 +20,7 @@ import anyio
 
 from .. import _wake
 from .._clock import Clock
+from .._schedules import Schedule, ScheduleSpec
 from .._types import (
     JSON,
     EntryKind,
@@ -33,7 +34,7 @@ from .._types import (
     RunState,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10
@@ -431,3 +432,37 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list_records(self, namespace: str) -> list[Record]: ...
+
+    # -- schedules (durable/_schedules.py; docs/design.md, "Schedules") ----------------------
+    @abc.abstractmethod
+    async def put_schedule(self, spec: ScheduleSpec, *, origin: str,
+                           replace: bool) -> tuple[Schedule, bool]:
+        """Create a schedule (its fires start after now), or, when one of that name exists:
+        with ``replace``, give it this definition (its paused flag and what it fired are
+        kept); without, leave it. Returns the stored schedule and whether this call wrote."""
+
+    @abc.abstractmethod
+    async def get_schedule(self, name: str) -> Schedule | None: ...
+
+    @abc.abstractmethod
+    async def list_schedules(self) -> list[Schedule]:
+        """Every schedule, by name."""
+
+    @abc.abstractmethod
+    async def pause_schedule(self, name: str, paused: bool) -> Schedule | None:
+        """Pause, or resume, a schedule in one statement; None if there is none of that
+        name. A resume moves the schedule past every fire up to now: a paused schedule
+        starts nothing, not even later."""
+
+    @abc.abstractmethod
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete a schedule (its runs stay); False if there was none."""
+
+    @abc.abstractmethod
+    async def fire_schedule(self, name: str, version: int, fire_at: float,
+                            new: NewRun | None) -> bool:
+        """One fire, in one conditional write: if the schedule is not paused and still at
+        ``version``, move it past ``fire_at`` (version + 1) and, with ``new``, create that
+        run as :meth:`create_run` does (nothing when its id exists) and note it as the
+        schedule's last run. ``new=None`` skips the fire. False (nothing written) if the
+        schedule changed since it was read at ``version``."""

@@ -55,6 +55,7 @@ from .._errors import (
     StoreError,
     StoreUnavailableError,
 )
+from .._schedules import Schedule, ScheduleSpec, schedule_params
 from .._types import (
     JSON,
     Fence,
@@ -891,6 +892,49 @@ class PostgresStore(Store):
         async with aclosing(conn.notifies(timeout=0)) as pending:
             async for _ in pending:
                 pass
+
+    # -- schedules (durable/_schedules.py) ----------------------------------------------------
+    async def put_schedule(self, spec: ScheduleSpec, *, origin: str,
+                           replace: bool) -> tuple[Schedule, bool]:
+        params = {**schedule_params(spec), "origin": origin, "replace": replace,
+                  "now": self._now()}
+        row = await self._row(Q["put_schedule"], params)
+        if row is not None:
+            return Schedule.from_row(row), True
+        found = await self.get_schedule(spec.name)
+        if found is None:
+            raise StoreError(f"schedule {spec.name} was neither written nor found")
+        return found, False
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        row = await self._row(Q["get_schedule"], {"name": name})
+        return None if row is None else Schedule.from_row(row)
+
+    async def list_schedules(self) -> list[Schedule]:
+        return [Schedule.from_row(r) for r in await self._rows(Q["list_schedules"], {})]
+
+    async def pause_schedule(self, name: str, paused: bool) -> Schedule | None:
+        row = await self._row(Q["pause_schedule"],
+                              {"name": name, "paused": paused, "now": self._now()})
+        return None if row is None else Schedule.from_row(row)
+
+    async def delete_schedule(self, name: str) -> bool:
+        return await self._row(Q["delete_schedule"], {"name": name}) is not None
+
+    async def fire_schedule(self, name: str, version: int, fire_at: float,
+                            new: NewRun | None) -> bool:
+        params: dict[str, Any] = {
+            "name": name, "version": version, "fire_at": fire_at, "now": self._now(),
+            "run_id": None, "workflow": None, "args": None, "key": None, "run_at": None,
+            "timeout": None, "data": None}
+        if new is not None:
+            params.update(
+                run_id=new.id, workflow=new.workflow, args=dumps(new.args, "workflow arguments"),
+                key=new.key, run_at=new.run_at, timeout=new.timeout,
+                data=dumps({"workflow": new.workflow, "args": new.args, "key": new.key,
+                            "run_at": new.run_at}, "journal data"))
+        row = await self._row(Q["fire_schedule"], params)
+        return row is not None and int(row["fired"]) == 1
 
 
 class _Fenced(Exception):

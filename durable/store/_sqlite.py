@@ -27,6 +27,7 @@ from .._errors import (
     StoreError,
     StoreUnavailableError,
 )
+from .._schedules import Schedule, ScheduleSpec, schedule_params
 from .._types import (
     JSON,
     EntryKind,
@@ -330,34 +331,8 @@ class SqliteStore(Store):
     # -- runs --------------------------------------------------------------------------------
     async def create_run(self, new: NewRun) -> tuple[Run, bool]:
         now = self.clock.now()
-        params = {
-            "id": new.id,
-            "workflow": new.workflow,
-            "args": dumps(new.args, "workflow arguments"),
-            "key": new.key,
-            "run_at": new.run_at,
-            "timeout": new.timeout,
-            "now": now,
-        }
-
-        def tx(conn: sqlite3.Connection) -> tuple[Run, bool]:
-            row = conn.execute(Q["insert_run"], params).fetchone()
-            if row is None:
-                existing = conn.execute(Q["get_run"], {"id": new.id}).fetchone()
-                return Run.from_row(existing), False
-            run = Run.from_row(row)
-            data: dict[str, JSON] = {"workflow": new.workflow, "args": new.args,
-                                     "key": new.key, "run_at": new.run_at}
-            if new.headers:
-                data["headers"] = dict(new.headers)
-            conn.execute(
-                Q["append_unfenced"],
-                _entry_params(Fence(run.id, 0), JournalWrite(EntryKind.RUN_CREATED, data=data),
-                              now),
-            )
-            return run, True
-
-        return await self._run(tx)
+        dumps(new.args, "workflow arguments")  # refused before the transaction
+        return await self._run(lambda conn: _insert_run(conn, new, now))
 
     async def get_run(self, run_id: str) -> Run | None:
         def read(conn: sqlite3.Connection) -> Run | None:
@@ -714,6 +689,66 @@ class SqliteStore(Store):
 
         return await self._run(read, write=False)
 
+    # -- schedules (durable/_schedules.py) ----------------------------------------------------
+    async def put_schedule(self, spec: ScheduleSpec, *, origin: str,
+                           replace: bool) -> tuple[Schedule, bool]:
+        params = {**schedule_params(spec), "origin": origin, "replace": int(replace),
+                  "now": self.clock.now()}
+
+        def tx(conn: sqlite3.Connection) -> tuple[Schedule, bool]:
+            row = conn.execute(Q["put_schedule"], params).fetchone()
+            if row is not None:
+                return Schedule.from_row(row), True
+            found = conn.execute(Q["get_schedule"], {"name": spec.name}).fetchone()
+            return Schedule.from_row(found), False
+
+        return await self._run(tx)
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        def read(conn: sqlite3.Connection) -> Schedule | None:
+            row = conn.execute(Q["get_schedule"], {"name": name}).fetchone()
+            return None if row is None else Schedule.from_row(row)
+
+        return await self._run(read, write=False)
+
+    async def list_schedules(self) -> list[Schedule]:
+        def read(conn: sqlite3.Connection) -> list[Schedule]:
+            return [Schedule.from_row(r) for r in conn.execute(Q["list_schedules"])]
+
+        return await self._run(read, write=False)
+
+    async def pause_schedule(self, name: str, paused: bool) -> Schedule | None:
+        params = {"name": name, "paused": int(paused), "now": self.clock.now()}
+
+        def tx(conn: sqlite3.Connection) -> Schedule | None:
+            row = conn.execute(Q["pause_schedule"], params).fetchone()
+            return None if row is None else Schedule.from_row(row)
+
+        return await self._run(tx)
+
+    async def delete_schedule(self, name: str) -> bool:
+        def tx(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(Q["delete_schedule"], {"name": name}).rowcount)
+
+        return await self._run(tx)
+
+    async def fire_schedule(self, name: str, version: int, fire_at: float,
+                            new: NewRun | None) -> bool:
+        now = self.clock.now()
+        params = {"name": name, "version": version, "fire_at": fire_at, "now": now,
+                  "run_id": None if new is None else new.id}
+        if new is not None:
+            dumps(new.args, "workflow arguments")
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            if conn.execute(Q["fire_schedule"], params).rowcount != 1:
+                return False
+            if new is not None:
+                _insert_run(conn, new, now)
+            return True
+
+        return await self._run(tx)
+
 
 def list_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:
     """The list statement for the filters given (see :func:`run_filters`) and its parameters."""
@@ -729,6 +764,28 @@ def count_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:
 
 class _Fenced(Exception):
     """Raised inside a transaction whose fence failed, to roll it back."""
+
+
+def _insert_run(conn: sqlite3.Connection, new: NewRun, now: float) -> tuple[Run, bool]:
+    """Create a queued run with its ``run_created`` entry, unless the id exists (then the
+    existing run, and False): the create path of :meth:`SqliteStore.create_run` and of a
+    schedule's fire."""
+    params = {"id": new.id, "workflow": new.workflow,
+              "args": dumps(new.args, "workflow arguments"), "key": new.key,
+              "run_at": new.run_at, "timeout": new.timeout, "now": now}
+    row = conn.execute(Q["insert_run"], params).fetchone()
+    if row is None:
+        existing = conn.execute(Q["get_run"], {"id": new.id}).fetchone()
+        return Run.from_row(existing), False
+    run = Run.from_row(row)
+    data: dict[str, JSON] = {"workflow": new.workflow, "args": new.args, "key": new.key,
+                             "run_at": new.run_at}
+    if new.headers:
+        data["headers"] = dict(new.headers)
+    conn.execute(Q["append_unfenced"],
+                 _entry_params(Fence(run.id, 0), JournalWrite(EntryKind.RUN_CREATED, data=data),
+                               now))
+    return run, True
 
 
 def _record(row: Mapping[str, Any]) -> Record:

@@ -397,3 +397,69 @@ SELECT * FROM durable_records WHERE namespace = %(namespace)s ORDER BY key;
 -- name: now
 -- The time leases are judged by (Store.now()).
 SELECT %(now)s AS now;
+
+-- name: put_schedule
+-- Create a schedule (fires after now), or, with %(replace)s (a declaration in code, written
+-- by each worker at start), give an existing one this definition when it differs: its paused
+-- flag and what it fired are kept. Nothing written: no row returned.
+INSERT INTO durable_schedules AS d (name, workflow, args, cron, timezone, concurrency_key,
+                                    catchup, paused, fired_through, origin, version,
+                                    created_at, updated_at)
+VALUES (%(name)s, %(workflow)s, %(args)s, %(cron)s, %(timezone)s, %(key)s, %(catchup)s, false,
+        %(now)s, %(origin)s, 1, %(now)s, %(now)s)
+ON CONFLICT (name) DO UPDATE
+SET workflow = excluded.workflow, args = excluded.args, cron = excluded.cron,
+    timezone = excluded.timezone, concurrency_key = excluded.concurrency_key,
+    catchup = excluded.catchup, origin = excluded.origin,
+    version = d.version + 1, updated_at = excluded.updated_at
+WHERE %(replace)s
+  AND (d.workflow, d.args, d.cron, d.timezone, d.concurrency_key, d.catchup, d.origin)
+      IS DISTINCT FROM (excluded.workflow, excluded.args, excluded.cron, excluded.timezone,
+                        excluded.concurrency_key, excluded.catchup, excluded.origin)
+RETURNING *;
+
+-- name: get_schedule
+SELECT * FROM durable_schedules WHERE name = %(name)s;
+
+-- name: list_schedules
+SELECT * FROM durable_schedules ORDER BY name COLLATE "C";
+
+-- name: pause_schedule
+-- A resume moves the schedule past every fire up to now: fires while paused never start.
+UPDATE durable_schedules
+SET fired_through = CASE WHEN paused AND NOT %(paused)s THEN greatest(fired_through, %(now)s)
+                         ELSE fired_through END,
+    paused = %(paused)s, version = version + 1, updated_at = %(now)s
+WHERE name = %(name)s
+RETURNING *;
+
+-- name: delete_schedule
+DELETE FROM durable_schedules WHERE name = %(name)s RETURNING name;
+
+-- name: fire_schedule
+-- One statement: a compare-and-set on the version read moves the schedule past the fire,
+-- and only then is the fire's run inserted, as insert_run does (nothing if the id exists).
+-- A concurrent fire of the same schedule waits for this one's row lock, then finds another
+-- version and writes nothing.
+WITH fired AS (
+    UPDATE durable_schedules
+    SET fired_through = %(fire_at)s::double precision, version = version + 1, updated_at = %(now)s,
+        last_fire_at = CASE WHEN %(run_id)s::text IS NULL THEN last_fire_at
+                            ELSE %(fire_at)s END,
+        last_run_id = coalesce(%(run_id)s::text, last_run_id)
+    WHERE name = %(name)s AND version = %(version)s::bigint AND NOT paused
+      AND fired_through < %(fire_at)s::double precision
+    RETURNING name
+), run AS (
+    INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt,
+                              run_at, created_at, updated_at, timeout)
+    SELECT %(run_id)s::text, %(workflow)s::text, %(args)s::text, %(key)s::text, 'queued', 0,
+           0, %(run_at)s::double precision, %(now)s, %(now)s, %(timeout)s::double precision
+    FROM fired WHERE %(run_id)s::text IS NOT NULL
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+    SELECT id, 0, 'run_created', %(now)s, %(data)s::text FROM run
+)
+SELECT (SELECT count(*) FROM fired) AS fired;

@@ -262,3 +262,51 @@ SELECT id, epoch, 'run_recovered', :now,
                    'lease_expires_at', lease_expires_at, 'last_heartbeat_at', heartbeat_at)
 FROM durable_runs
 WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND worker = :worker;
+
+-- name: put_schedule
+-- Create a schedule (fires after now), or, with :replace (a declaration in code, written by
+-- each worker at start), give an existing one this definition when it differs: its paused
+-- flag and what it fired are kept. Nothing written: no row returned.
+INSERT INTO durable_schedules (name, workflow, args, cron, timezone, concurrency_key, catchup,
+                               paused, fired_through, origin, version, created_at, updated_at)
+VALUES (:name, :workflow, :args, :cron, :timezone, :key, :catchup, 0, :now, :origin, 1, :now,
+        :now)
+ON CONFLICT (name) DO UPDATE
+SET workflow = excluded.workflow, args = excluded.args, cron = excluded.cron,
+    timezone = excluded.timezone, concurrency_key = excluded.concurrency_key,
+    catchup = excluded.catchup, origin = excluded.origin,
+    version = durable_schedules.version + 1, updated_at = excluded.updated_at
+WHERE :replace
+  AND (durable_schedules.workflow, durable_schedules.args, durable_schedules.cron,
+       durable_schedules.timezone, durable_schedules.concurrency_key,
+       durable_schedules.catchup, durable_schedules.origin)
+      IS NOT (excluded.workflow, excluded.args, excluded.cron, excluded.timezone,
+              excluded.concurrency_key, excluded.catchup, excluded.origin)
+RETURNING *;
+
+-- name: get_schedule
+SELECT * FROM durable_schedules WHERE name = :name;
+
+-- name: list_schedules
+SELECT * FROM durable_schedules ORDER BY name;
+
+-- name: pause_schedule
+-- A resume moves the schedule past every fire up to now: fires while paused never start.
+UPDATE durable_schedules
+SET fired_through = CASE WHEN paused AND NOT :paused THEN max(fired_through, :now)
+                         ELSE fired_through END,
+    paused = :paused, version = version + 1, updated_at = :now
+WHERE name = :name
+RETURNING *;
+
+-- name: delete_schedule
+DELETE FROM durable_schedules WHERE name = :name;
+
+-- name: fire_schedule
+-- A compare-and-set on the version read: the fire's run is inserted in the same
+-- transaction only when this moved the schedule (insert_run: nothing if the id exists).
+UPDATE durable_schedules
+SET fired_through = :fire_at, version = version + 1, updated_at = :now,
+    last_fire_at = CASE WHEN :run_id IS NULL THEN last_fire_at ELSE :fire_at END,
+    last_run_id = coalesce(:run_id, last_run_id)
+WHERE name = :name AND version = :version AND NOT paused AND fired_through < :fire_at;

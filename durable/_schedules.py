@@ -1,0 +1,316 @@
+"""Schedules: runs of a workflow started on a cron calendar (docs/design.md, "Schedules").
+
+A schedule is stored in the database (``durable_schedules``): declared in code with
+:func:`schedule` (the worker writes it at start) or created at run time (``python -m durable
+schedule add``). Every worker runs the scheduler (:class:`Scheduler`): each fire of a
+schedule starts one run whose id is ``<name>@<fire time, ISO UTC>``. The fire and the
+schedule's advance are one conditional write (a compare-and-set on the schedule's version,
+with the run's insert, which does nothing when the id exists): however many workers see the
+fire, one run starts.
+
+Cron expressions are read by croniter: five fields, or six with the seconds last
+(``"*/10 * * * * *"``... is every second of every tenth minute; ``"* * * * * */10"`` every ten
+seconds), evaluated in the schedule's IANA timezone (``zoneinfo``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import attrs
+from croniter import CroniterError, croniter
+
+from ._errors import ConfigError
+from ._logging import get_logger
+from ._types import JSON, NewRun, dumps, loads
+
+if TYPE_CHECKING:
+    from ._registry import Registry, Workflow
+    from .store import Store
+
+SKIP_GRACE = 60.0
+"""With ``catchup="skip"``, a fire found at most this many seconds after its time is on
+time and starts; an older one was missed (no scheduler ran) and is skipped."""
+
+CatchUp = Literal["skip"] | int
+_NAME = re.compile(r"[^\s@]+")
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"a schedule name must be a non-empty string without spaces or '@', "
+                          f"not {name!r}")
+    return name
+
+
+def check_cron(cron: object) -> str:
+    """The cron expression, if croniter reads it with five or six (seconds) fields."""
+    if not isinstance(cron, str) or not cron.strip():
+        raise ConfigError(f"a cron expression must be a non-empty string, not {cron!r}")
+    text = " ".join(cron.split())
+    fields = len(text.split(" "))
+    if not text.startswith("@") and fields not in (5, 6):
+        raise ConfigError(f"bad cron expression {cron!r}: give 5 fields (minute hour day "
+                          f"month weekday) or 6 (the same and seconds), not {fields}")
+    try:
+        croniter(text)
+    except (CroniterError, ValueError, KeyError) as exc:
+        raise ConfigError(f"bad cron expression {cron!r}: {exc}") from None
+    return text
+
+
+def check_timezone(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a timezone must be an IANA name such as 'Europe/Paris', "
+                          f"not {name!r}")
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(f"unknown timezone {name!r}: give an IANA name such as "
+                          "'UTC' or 'Europe/Paris'") from None
+    return name
+
+
+def check_catchup(value: object) -> int:
+    """``"skip"`` is 0 (so is 0); a catch-up of up to N fires is N."""
+    if value == "skip":
+        return 0
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"catchup must be 'skip' or a whole number of fires, not {value!r}")
+    return value
+
+
+def catchup_text(catchup: int) -> str:
+    return "skip" if catchup == 0 else f"up to {catchup}"
+
+
+def fire_id(name: str, fire_at: float) -> str:
+    """The id of the run a fire starts: ``<name>@2026-12-01T03:00:00Z``."""
+    when = dt.datetime.fromtimestamp(fire_at, dt.UTC)
+    text = when.strftime("%Y-%m-%dT%H:%M:%S")
+    if when.microsecond:
+        text += f".{when.microsecond:06d}"
+    return f"{name}@{text}Z"
+
+
+def iso(when: float | None) -> str | None:
+    if when is None:
+        return None
+    return dt.datetime.fromtimestamp(when, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+@attrs.frozen
+class ScheduleSpec:
+    """What a schedule starts and when: its definition, validated."""
+
+    name: str = attrs.field(converter=check_name)
+    workflow: str
+    args: list[JSON]
+    cron: str = attrs.field(converter=check_cron)
+    timezone: str = attrs.field(default="UTC", converter=check_timezone)
+    key: str | None = None
+    catchup: int = attrs.field(default=0, converter=check_catchup)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.workflow, str) or not self.workflow:
+            raise ConfigError("a schedule's workflow must be a workflow name")
+        if not isinstance(self.args, list):
+            raise ConfigError("a schedule's args must be a list of JSON values")
+        dumps(self.args, "schedule arguments")
+
+    def same_definition(self, other: ScheduleSpec) -> bool:
+        return attrs.astuple(self) == attrs.astuple(other)
+
+    def next_fire(self, after: float) -> float:
+        """The first fire time strictly after ``after``."""
+        start = dt.datetime.fromtimestamp(after, ZoneInfo(self.timezone))
+        return float(croniter(self.cron, start).get_next(float))
+
+    def latest_fires(self, after: float, until: float, limit: int) -> list[float]:
+        """Up to ``limit`` fire times ``t`` with ``after < t <= until``, the latest ones,
+        oldest first (read backwards from ``until``, so a long gap costs ``limit`` steps)."""
+        zone = ZoneInfo(self.timezone)
+        # get_prev is strict: from just after `until`, a fire at `until` itself is found
+        start = dt.datetime.fromtimestamp(until, zone) + dt.timedelta(microseconds=1)
+        it = croniter(self.cron, start)
+        found: list[float] = []
+        while len(found) < limit:
+            when = float(it.get_prev(float))
+            if when <= after:
+                break
+            found.append(when)
+        found.reverse()
+        return found
+
+
+@attrs.frozen
+class Schedule:
+    """A schedule as stored: its definition and its state."""
+
+    spec: ScheduleSpec
+    paused: bool
+    fired_through: float
+    """Fires at or before this time are done with (started, or skipped by the policy)."""
+    last_fire_at: float | None
+    last_run_id: str | None
+    version: int
+    """Counts the schedule's writes: every change is a compare-and-set on it."""
+    origin: str
+    """``"code"`` (declared with :func:`schedule`, written by each worker at start) or
+    ``"cli"`` (created at run time)."""
+    created_at: float
+    updated_at: float
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def next_fire(self) -> float:
+        """The next fire time not yet done with (in the past when a fire is due)."""
+        return self.spec.next_fire(self.fired_through)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Schedule:
+        spec = ScheduleSpec(
+            name=row["name"], workflow=row["workflow"], args=loads(row["args"]),
+            cron=row["cron"], timezone=row["timezone"], key=row["concurrency_key"],
+            catchup=int(row["catchup"]))
+        return cls(spec=spec, paused=bool(row["paused"]),
+                   fired_through=float(row["fired_through"]),
+                   last_fire_at=None if row["last_fire_at"] is None
+                   else float(row["last_fire_at"]),
+                   last_run_id=row["last_run_id"], version=int(row["version"]),
+                   origin=row["origin"], created_at=float(row["created_at"]),
+                   updated_at=float(row["updated_at"]))
+
+    def to_json(self) -> dict[str, JSON]:
+        """The shape of ``schedule list --json`` and ``schedule show --json``."""
+        return {
+            "name": self.name, "workflow": self.spec.workflow, "args": self.spec.args,
+            "cron": self.spec.cron, "timezone": self.spec.timezone, "key": self.spec.key,
+            "catchup": catchup_text(self.spec.catchup).replace("up to ", ""),
+            "paused": self.paused,
+            "next_fire_at": None if self.paused else iso(self.next_fire()),
+            "last_fire_at": iso(self.last_fire_at), "last_run_id": self.last_run_id,
+            "origin": self.origin, "created_at": iso(self.created_at),
+        }
+
+
+def schedule_params(spec: ScheduleSpec) -> dict[str, Any]:
+    """A definition's columns, as both stores' queries name them."""
+    return {"name": spec.name, "workflow": spec.workflow,
+            "args": dumps(spec.args, "schedule arguments"), "cron": spec.cron,
+            "timezone": spec.timezone, "key": spec.key, "catchup": spec.catchup}
+
+
+def schedule(
+    name: str,
+    workflow: Workflow | str,
+    args: Sequence[JSON] = (),
+    *,
+    cron: str,
+    timezone: str = "UTC",
+    key: str | None = None,
+    catchup: CatchUp = "skip",
+    registry: Registry | None = None,
+) -> ScheduleSpec:
+    """Declare a schedule: start ``workflow(*args)`` at every fire of ``cron`` (croniter's
+    five fields, or six with the seconds last), read in ``timezone`` (an IANA name).
+
+    Each fire starts one run with the id ``<name>@<fire time, ISO UTC>`` and concurrency
+    key ``key``, however many workers run the scheduler. ``catchup`` says what happens to
+    fires missed while no worker ran: ``"skip"`` (a fire more than :data:`SKIP_GRACE` late
+    is skipped; the next one starts on time) or ``N``, start up to the N latest of the
+    missed fires, oldest first. Every worker with this registry writes the declaration to the
+    store at start (keeping the schedule's paused flag and what it fired);
+    ``python -m durable schedule pause NAME`` pauses it.
+    """
+    from ._registry import Workflow, default_registry
+
+    spec = ScheduleSpec(name=name, workflow=workflow.name if isinstance(workflow, Workflow)
+                        else workflow, args=list(args), cron=cron, timezone=timezone,
+                        key=key, catchup=catchup)
+    (registry or default_registry).add_schedule(spec)
+    return spec
+
+
+class Scheduler:
+    """Fires a store's due schedules (the worker runs one: :meth:`durable.Worker.run`).
+
+    :meth:`tick` reads the schedules and, for each one not paused with fires due, starts
+    them by :meth:`Store.fire_schedule`: one conditional write that advances the schedule
+    from the version it read and creates the fire's run, or changes nothing (another worker
+    fired it first, or the schedule changed since the read: it is read again next tick).
+    """
+
+    def __init__(self, store: Store, *, on_start: Callable[[], None] | None = None,
+                 worker: str | None = None) -> None:
+        self.store = store
+        self.on_start = on_start
+        self.log = get_logger("durable.scheduler", worker=worker)
+        self.started = 0
+        """Runs this scheduler started."""
+        self.ticks_begun = 0
+        self.ticks = 0
+        """Ticks begun and ticks done (a tick begun after the clock moved saw it)."""
+
+    async def declare(self, specs: Sequence[ScheduleSpec]) -> None:
+        """Write the schedules declared in code (their definitions; state is kept)."""
+        for spec in specs:
+            _found, changed = await self.store.put_schedule(spec, origin="code", replace=True)
+            if changed:
+                self.log.info("schedule_declared", schedule=spec.name, cron=spec.cron,
+                              timezone=spec.timezone, workflow=spec.workflow)
+
+    async def tick(self) -> float | None:
+        """Start what is due now; return the next fire time of any active schedule."""
+        self.ticks_begun += 1
+        try:
+            return await self._tick()
+        finally:
+            self.ticks += 1
+
+    async def _tick(self) -> float | None:
+        now = await self.store.now()
+        upcoming: float | None = None
+        for sched in await self.store.list_schedules():
+            if sched.paused:
+                continue
+            await self._fire_due(sched, now)
+            # every fire up to now is done with (here or by another worker; a schedule that
+            # changed under this tick is read again at the next one)
+            when = sched.spec.next_fire(max(sched.fired_through, now))
+            upcoming = when if upcoming is None else min(upcoming, when)
+        return upcoming
+
+    async def _fire_due(self, sched: Schedule, now: float) -> None:
+        spec = sched.spec
+        limit = spec.catchup or 1
+        fires = spec.latest_fires(sched.fired_through, now, limit)
+        if not fires:
+            return
+        version = sched.version
+        if spec.catchup == 0 and now - fires[-1] > SKIP_GRACE:
+            # missed while no scheduler ran: skipped, the cursor moves past it
+            if await self.store.fire_schedule(spec.name, version, fires[-1], None):
+                self.log.warning("schedule_fire_skipped", schedule=spec.name,
+                                 fire_at=iso(fires[-1]), late=round(now - fires[-1], 3))
+            return
+        for fire_at in fires:
+            run_id = fire_id(spec.name, fire_at)
+            new = NewRun(run_id, spec.workflow, list(spec.args), spec.key, fire_at)
+            if not await self.store.fire_schedule(spec.name, version, fire_at, new):
+                return  # another worker fired it, or the schedule changed: read it again
+            version += 1
+            self.started += 1
+            self.log.info("schedule_fired", schedule=spec.name, fire_at=iso(fire_at),
+                          workflow_id=run_id, workflow=spec.workflow,
+                          late=round(now - fire_at, 3))
+            if self.on_start is not None:
+                self.on_start()
