@@ -21,14 +21,15 @@ import pytest
 
 import durable
 from durable._clock import FakeClock
-from durable._schedules import SKIP_GRACE, ScheduleSpec, Scheduler, fire_id
+from durable._schedules import SKIP_GRACE, Scheduler, ScheduleSpec, fire_id
 from durable._types import NewRun, RunState
-from durable.store import Store, store_from_url
+from durable.store import Store
 from tests.conftest import ROOT, subprocess_env
 from tests.helpers import poll
-from tests.pg import TRIO_SKIP, pg_url, postgres_server
+from tests.pg import pg_url, postgres_server
+from tests.test_store_contract import opened, store_url
 
-__all__ = ["pg_url", "postgres_server"]
+__all__ = ["pg_url", "postgres_server", "store_url"]  # the stores: test_store_contract.py
 
 pytestmark = pytest.mark.anyio
 
@@ -36,28 +37,9 @@ START = 1_800_000_001.0  # 2027-01-15T08:00:01Z: one second after a fire of ever
 EVERY_10S = "* * * * * */10"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'sched.db'}"
-    if anyio_backend == "trio":
-        pytest.skip(TRIO_SKIP)
-    return str(request.getfixturevalue("pg_url"))
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(START)
-
-
-@asynccontextmanager
-async def opened(url: str, clock: FakeClock) -> AsyncIterator[Store]:
-    store = store_from_url(url, clock=clock)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 def hello_registry() -> durable.Registry:
@@ -96,7 +78,7 @@ async def ticks_after(ws: list[Any]) -> None:
     await poll(lambda: all(w.scheduler.ticks >= b + 1 for w, b in zip(ws, begun, strict=True)))
 
 
-# -- definitions -----------------------------------------------------------------------------------
+# -- definitions -------------------------------------------------------------------------------
 def test_cron_with_seconds_and_timezones() -> None:
     spec = ScheduleSpec(name="s", workflow="w", args=[], cron=EVERY_10S)
     assert spec.next_fire(START) == START + 9
@@ -129,7 +111,7 @@ def test_bad_definitions_are_refused(field: str, value: Any, message: str) -> No
         ScheduleSpec(**fields)
 
 
-# -- the store ---------------------------------------------------------------------------------------
+# -- the store ---------------------------------------------------------------------------------
 async def test_a_fire_is_one_compare_and_set(store_url: str, clock: FakeClock) -> None:
     """Three stores (three processes) fire the same fire from the same read: one wins, one
     run exists; the losers wrote nothing."""
@@ -210,7 +192,7 @@ async def test_schedule_crud_on_the_store(store_url: str, clock: FakeClock) -> N
         assert await store.get_schedule("nightly") is None
 
 
-# -- workers -------------------------------------------------------------------------------------------
+# -- workers -----------------------------------------------------------------------------------
 async def test_three_workers_start_one_run_per_fire(store_url: str, clock: FakeClock) -> None:
     reg = hello_registry()
     durable.schedule("every10", "hello", ["world"], cron=EVERY_10S, registry=reg)
@@ -286,7 +268,7 @@ async def test_missed_fires_follow_the_catchup_policy(
         assert "hourly@2027-01-15T12:00:00Z" in {r.id for r in await fired_runs(store, "hourly")}
 
 
-# -- the command line --------------------------------------------------------------------------------
+# -- the command line --------------------------------------------------------------------------
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "durable", *args], cwd=cwd,
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
