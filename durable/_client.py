@@ -341,8 +341,8 @@ class Client:
     async def add_schedule(self, spec: ScheduleSpec) -> Schedule:
         """Create a schedule at run time: its fires after now start runs. Adding the same
         definition again returns the schedule; another definition under a name in use is a
-        :class:`ConfigError` and writes nothing."""
-        self.registry.workflow(spec.workflow)  # unknown names fail here, before any write
+        :class:`ConfigError` and writes nothing. As :meth:`start` by name, this needs no
+        workflow code (the command line checks the name against ``--import``)."""
         found, created = await self.store.put_schedule(spec, origin="cli", replace=False)
         if not created and not found.spec.same_definition(spec):
             raise ConfigError(

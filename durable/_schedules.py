@@ -211,7 +211,7 @@ def schedule_params(spec: ScheduleSpec) -> dict[str, Any]:
 
 def schedule(
     name: str,
-    workflow: Workflow | str,
+    workflow: Workflow[..., Any] | str,
     args: Sequence[JSON] = (),
     *,
     cron: str,
