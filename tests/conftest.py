@@ -39,6 +39,20 @@ async def client(db_url: str, registry: durable.Registry) -> AsyncIterator[durab
         yield c
 
 
+@pytest.fixture
+def clock() -> durable.FakeClock:
+    return durable.FakeClock()
+
+
+@pytest.fixture
+async def fclient(tmp_path: Path, clock: durable.FakeClock,
+                  registry: durable.Registry) -> AsyncIterator[durable.Client]:
+    """A client whose store runs on the fake ``clock`` (leases expire when it is moved)."""
+    async with durable.Client.connect(f"sqlite:///{tmp_path / 'clocked.db'}", clock=clock,
+                                      registry=registry) as c:
+        yield c
+
+
 def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

@@ -40,6 +40,27 @@ async def poll(predicate: Callable[[], Any], *, timeout: float = 10.0,
             await anyio.sleep(interval)
 
 
+async def died_in_step_one(client: durable.Client, workflow: str, run_id: str,
+                           activity: str) -> durable.Run:
+    """Start ``run_id`` and leave it as a worker that died in step 1 (``activity``) would:
+    claimed by ``dead-worker`` (lease 30 s), the step started, nothing after."""
+    from durable._types import Fence, JournalWrite
+
+    await client.start(workflow, id=run_id)
+    [run] = await client.store.claim("dead-worker", 30.0, 1, run_id=run_id)
+    assert await client.store.append(Fence(run.id, run.epoch), [
+        JournalWrite(durable.EntryKind.STEP_STARTED, 1, "1", activity, 1, {"args": []})])
+    return run
+
+
+async def given_away(store: durable.Store, run_id: str) -> bool:
+    """Whether the store no longer counts ``run_id`` as running (recovered, by a worker's
+    sweep or by this call): for a poll after moving a fake clock past its lease."""
+    await store.recover_stale()
+    run = await store.get_run(run_id)
+    return run is not None and run.state is not durable.RunState.RUNNING
+
+
 def kinds(entries: list[durable.JournalEntry]) -> list[str]:
     return [e.kind.value for e in entries]
 

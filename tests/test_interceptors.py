@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -14,7 +13,7 @@ import durable
 import durable.testing
 from durable import EntryKind, FakeClock, RunState
 from durable._interceptors import Chain
-from durable._types import Fence, JournalWrite
+from durable._types import Fence
 from durable.interceptors import (
     AttemptInfo,
     ClaimInfo,
@@ -25,7 +24,7 @@ from durable.interceptors import (
     WriteInfo,
 )
 
-from .helpers import poll, running_worker
+from .helpers import died_in_step_one, given_away, poll, running_worker
 from .httpserver import Rule, loopback_server
 
 pytestmark = pytest.mark.anyio
@@ -192,19 +191,6 @@ class Events(durable.Interceptor):
         self.in_doubt.append(info)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def fclient(tmp_path: Path, clock: FakeClock,
-                  registry: durable.Registry) -> AsyncIterator[durable.Client]:
-    async with durable.Client.connect(f"sqlite:///{tmp_path / 'i.db'}", clock=clock,
-                                      registry=registry) as c:
-        yield c
-
-
 async def test_events_recovery_step_in_doubt_and_lost_lease(
         fclient: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
     gate = anyio.Event()
@@ -227,15 +213,12 @@ async def test_events_recovery_step_in_doubt_and_lost_lease(
     async def holder(ctx: durable.WorkflowContext) -> None:
         await hold(ctx)
 
-    # a worker that died after starting step 1: its lease expires on the store's clock
-    await fclient.start("wiper", id="w")
-    [run] = await fclient.store.claim("dead-worker", 30.0, 1, run_id="w")
-    assert await fclient.store.append(Fence(run.id, run.epoch), [
-        JournalWrite(EntryKind.STEP_STARTED, 1, "1", wipe.name, 1, {"args": []})])
-    clock.advance(31.0)
+    run = await died_in_step_one(fclient, "wiper", "w", wipe.name)
+    clock.advance(31.0)  # its lease expires on the store's clock
     events = Events()
     async with running_worker(fclient, registry, interceptors=[events], lease=30.0,
                               sweep_interval=0.02) as worker:
+        await poll(lambda: events.recovered)  # by the sweep (a client's read would too)
         assert (await fclient.wait("w")).result == "wiped"
         assert events.recovered == [([Fence("w", run.epoch)], "sweep")]
         [doubt] = events.in_doubt
@@ -248,7 +231,7 @@ async def test_events_recovery_step_in_doubt_and_lost_lease(
         await worker.renew_now()
         assert events.renewals[-1] == 1 and events.lost == []
         clock.advance(31.0)
-        await poll(lambda: fclient.store.recover_stale())
+        await poll(lambda: given_away(fclient.store, "h"))
         await worker.renew_now()
         assert events.lost == [("h", "lease lost (the renewal did not hold)")]
         assert held.lost

@@ -143,6 +143,20 @@ async def test_create_keeps_the_clients_headers_in_the_created_entry(store: Stor
     assert created.data["headers"] == headers and created.data["workflow"] == "wf"
 
 
+async def test_queue_stats_count_due_runs_per_workflow(store: Store, clock: FakeClock) -> None:
+    assert await store.queue_stats() == {}
+    now = clock.now()
+    await store.create_run(NewRun("q1", "a", [], None, now - 30.0))
+    await store.create_run(NewRun("q2", "a", [], None, now - 5.0))
+    await store.create_run(NewRun("q3", "b", [], None, now))
+    await store.create_run(NewRun("q4", "b", [], None, now + 60.0))  # not due yet
+    await store.create_run(NewRun("q5", "c", [], None, now - 99.0))
+    assert len(await store.claim("w", 30.0, 1, run_id="q5")) == 1  # running: not queued
+    assert await store.queue_stats() == {"a": (2, 30.0), "b": (1, 0.0)}
+    clock.advance(61.0)
+    assert await store.queue_stats() == {"a": (2, 91.0), "b": (2, 61.0)}
+
+
 async def test_list_latest_and_next_run_at(store: Store, clock: FakeClock) -> None:
     assert await store.next_run_at() is None
     await create(store, "a", key="k", delay=50)

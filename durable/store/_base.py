@@ -285,6 +285,12 @@ class Store(abc.ABC):
     async def next_run_at(self) -> float | None:
         """The earliest ``run_at`` of any queued run, or None when nothing is queued."""
 
+    async def queue_stats(self) -> dict[str, tuple[int, float]]:
+        """For metrics, per workflow with queued runs that are due (``run_at`` passed): how
+        many, and how many seconds the longest-waiting one has been due (the store's
+        clock). A store without it raises NotImplementedError (no queue metrics)."""
+        raise NotImplementedError
+
     # -- attempts ----------------------------------------------------------------------------
     @abc.abstractmethod
     async def claim(

@@ -457,6 +457,10 @@ class PostgresStore(Store):
         row = await self._row(Q["next_run_at"], {})
         return None if row is None or row["run_at"] is None else float(row["run_at"])
 
+    async def queue_stats(self) -> dict[str, tuple[int, float]]:
+        rows = await self._rows(Q["queue_stats"], {"now": self._now()})
+        return {row["workflow"]: (int(row["n"]), max(0.0, float(row["age"]))) for row in rows}
+
     # -- attempts ----------------------------------------------------------------------------
     async def claim(
         self,

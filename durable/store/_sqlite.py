@@ -390,6 +390,15 @@ class SqliteStore(Store):
 
         return await self._run(read, write=False)
 
+    async def queue_stats(self) -> dict[str, tuple[int, float]]:
+        now = self.clock.now()
+
+        def read(conn: sqlite3.Connection) -> dict[str, tuple[int, float]]:
+            return {row["workflow"]: (int(row["n"]), max(0.0, float(row["age"])))
+                    for row in conn.execute(Q["queue_stats"], {"now": now})}
+
+        return await self._run(read, write=False)
+
     # -- attempts ----------------------------------------------------------------------------
     async def claim(
         self,

@@ -78,6 +78,13 @@ LIMIT 1;
 -- name: next_run_at
 SELECT min(run_at) AS run_at FROM durable_runs WHERE state = 'queued';
 
+-- name: queue_stats
+-- The due queued runs per workflow, for metrics (durable/prometheus.py): a range of the
+-- partial queue index (run_at, ...) WHERE state = 'queued'.
+SELECT workflow, count(*) AS n, %(now)s - min(run_at) AS age FROM durable_runs
+WHERE state = 'queued' AND run_at <= %(now)s
+GROUP BY workflow;
+
 -- name: claim
 -- Candidates are locked with SKIP LOCKED, so competing workers take different runs without
 -- waiting for each other. A run with a concurrency key is a candidate only when no run of

@@ -225,6 +225,13 @@ SELECT * FROM durable_records WHERE namespace = :namespace ORDER BY key;
 -- name: next_run_at
 SELECT min(run_at) AS run_at FROM durable_runs WHERE state = 'queued';
 
+-- name: queue_stats
+-- The due queued runs per workflow, for metrics (durable/prometheus.py): a range of the
+-- queue index (state, run_at, ...).
+SELECT workflow, count(*) AS n, :now - min(run_at) AS age FROM durable_runs
+WHERE state = 'queued' AND run_at <= :now
+GROUP BY workflow;
+
 -- name: put_record_unfenced
 INSERT INTO durable_records (namespace, key, value, epoch, updated_at, version)
 VALUES (:namespace, :key, :value, :epoch, :now, 1)
