@@ -22,7 +22,7 @@ from ._errors import (
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
 from ._logging import get_logger
-from ._registry import Registry, Workflow, default_registry, positional
+from ._registry import BoundWorkflow, Registry, Workflow, default_registry, positional
 from ._report import RecoveryReport
 from ._schedules import Schedule, ScheduleSpec
 from ._types import JSON, JournalEntry, NewRun, Run, RunState, StepState, dumps
@@ -65,6 +65,11 @@ class Client:
             await store.aclose()
 
     # -- starting ----------------------------------------------------------------------------
+    @overload  # a bound workflow: its arguments checked, with any option
+    async def start(self, workflow: BoundWorkflow[Any], *, id: str | None = ...,
+                    key: str | None = ..., run_at: When = ..., delay: float | None = ...,
+                    timeout: float | None = ...) -> Run: ...
+
     @overload
     async def start(self, workflow: Workflow[P, Any], *args: P.args,
                     **kwargs: P.kwargs) -> Run: ...
@@ -107,7 +112,7 @@ class Client:
 
     async def start(
         self,
-        workflow: Workflow[..., Any] | str,
+        workflow: Workflow[..., Any] | BoundWorkflow[Any] | str,
         *args: Any,
         id: Any = None,
         key: Any = None,
@@ -120,7 +125,8 @@ class Client:
 
         ``workflow`` is the :class:`Workflow` (a type checker then checks the arguments
         against its parameters, when no option is given: Python's typing cannot check them
-        next to the options) or its name: by name nothing of the workflow's code is needed,
+        next to the options; ``start(wf.bind(*args), id=..., ...)`` checks them with any
+        option) or its name: by name nothing of the workflow's code is needed,
         so a process that only enqueues need not import it (a worker that knows the name
         runs it; a run of a name no worker knows stays queued). ``key`` is the concurrency
         key: at most one run per key runs at a time. ``run_at`` (a datetime or epoch seconds)
@@ -129,7 +135,12 @@ class Client:
         :class:`RunConflictError` and writes nothing. Arguments given by keyword (with the
         Workflow object only) are journaled by position.
         """
-        if isinstance(workflow, Workflow):
+        if isinstance(workflow, BoundWorkflow):
+            if args or kwargs:
+                raise ConfigError(f"{workflow.workflow.name} has its arguments bound already; "
+                                  "pass only the options")
+            name, args = workflow.workflow.name, workflow.args
+        elif isinstance(workflow, Workflow):
             name = workflow.name
             args = positional(workflow.fn, args, kwargs, f"workflow {name}")
         else:

@@ -16,7 +16,7 @@ import httpx
 
 from ._errors import ConfigError, LeaseLostError
 from ._logging import redact, redact_json
-from ._registry import positional
+from ._registry import BoundActivity, positional
 from ._types import JSON, Run
 
 if TYPE_CHECKING:
@@ -118,13 +118,16 @@ class WorkflowContext:
         return self._attempt.run.key
 
     @overload
+    async def step(self, activity: BoundActivity[R], *, key: str | None = None) -> R: ...
+
+    @overload
     async def step(self, activity: Activity[P, R], *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     @overload
     async def step(self, activity: Activity[..., R], *args: Any, key: str | None) -> R: ...
 
-    async def step(self, activity: Activity[..., Any], *args: Any, key: Any = None,
-                   **kwargs: Any) -> Any:
+    async def step(self, activity: Activity[..., Any] | BoundActivity[Any], *args: Any,
+                   key: Any = None, **kwargs: Any) -> Any:
         """Run ``activity`` as a journaled step.
 
         Without ``key`` the step's identity is its position among the run's unkeyed steps
@@ -134,13 +137,20 @@ class WorkflowContext:
         is in flight raises :class:`durable.ConfigError` and fails the run.
 
         Typed by the activity: a type checker checks the arguments of an unkeyed step
-        against the activity's parameters, and the result's type of every step (Python's
-        typing cannot check the arguments next to the extra ``key`` keyword; call the
-        activity unkeyed in a test, or ``await act(ctx, ...)``, to have them checked).
-        Arguments given by keyword are journaled by position.
+        against the activity's parameters, and infers the result's type of every step.
+        Python's typing cannot check arguments next to the extra ``key`` keyword: for a
+        keyed step checked in full, bind them first, ``ctx.step(act.bind(item),
+        key=...)``. Arguments given by keyword are journaled by position.
         """
-        args = positional(activity.fn, args, kwargs, f"activity {activity.name}")
-        return await self._attempt.steps.run_step(activity, args, key)
+        if isinstance(activity, BoundActivity):
+            if args or kwargs:
+                raise ConfigError(f"ctx.step: {activity.activity.name} has its arguments "
+                                  "bound already; pass only key=")
+            act, args = activity.activity, activity.args
+        else:
+            act = activity
+            args = positional(act.fn, args, kwargs, f"activity {act.name}")
+        return await self._attempt.steps.run_step(act, args, key)
 
     async def now(self) -> float:
         """The wall-clock time, journaled: a replay sees the same value."""

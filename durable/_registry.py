@@ -179,8 +179,23 @@ class Activity(Generic[P, R]):
             return await ctx.step(self, *args, **kwargs)
         return await self.fn(ctx, *args, **kwargs)
 
+    def bind(self, *args: P.args, **kwargs: P.kwargs) -> BoundActivity[R]:
+        """This activity with its arguments, checked by a type checker like a call:
+        ``await ctx.step(act.bind(item), key=f"item-{item}")`` is a keyed step whose
+        arguments are checked too (next to ``key``, ``ctx.step(act, item, key=...)``'s
+        cannot be)."""
+        return BoundActivity(self, positional(self.fn, args, kwargs, f"activity {self.name}"))
+
     def __repr__(self) -> str:
         return f"<durable.Activity {self.name}>"
+
+
+@attrs.frozen
+class BoundActivity(Generic[R]):
+    """An activity and its arguments (:meth:`Activity.bind`), for :meth:`WorkflowContext.step`."""
+
+    activity: Activity[..., R]
+    args: tuple[Any, ...]
 
 
 class Workflow(Generic[P, R]):
@@ -205,8 +220,23 @@ class Workflow(Generic[P, R]):
     async def __call__(self, ctx: WorkflowContext, *args: P.args, **kwargs: P.kwargs) -> R:
         return await self.fn(ctx, *args, **kwargs)
 
+    def bind(self, *args: P.args, **kwargs: P.kwargs) -> BoundWorkflow[R]:
+        """This workflow with its arguments, checked by a type checker like a call:
+        ``await client.start(wf.bind(slot), id=..., key=slot)`` checks the arguments of a
+        start with options too (next to them, ``client.start(wf, slot, key=...)``'s cannot
+        be)."""
+        return BoundWorkflow(self, positional(self.fn, args, kwargs, f"workflow {self.name}"))
+
     def __repr__(self) -> str:
         return f"<durable.Workflow {self.name}>"
+
+
+@attrs.frozen
+class BoundWorkflow(Generic[R]):
+    """A workflow and its arguments (:meth:`Workflow.bind`), for :meth:`Client.start`."""
+
+    workflow: Workflow[..., R]
+    args: tuple[Any, ...]
 
 
 class Registry:

@@ -1,9 +1,10 @@
 """Declarations are typed: mypy sees a wrong argument or a misused result in a user's code.
 
-mypy (the test extra) checks tests/typing_example.py, which must pass, and a module of
-deliberate mistakes, each of which it must report on its line (the ``# E:`` comment gives
-what the message says). The example also runs: its calls by keyword are journaled by
-position, and a worker given its workflows explicitly runs them.
+mypy (the test extra) checks tests/typing_example.py and the operations (workflows/,
+activities/), which must pass, and a module of deliberate mistakes, each of which it must
+report on its line (the ``# E:`` comment gives what the message says). The example also
+runs: its calls by keyword are journaled by position, and a worker given its workflows
+explicitly runs them.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ async def flow(ctx: durable.WorkflowContext, text: str) -> str:
     n: str = await ctx.step(count, "a")  # E: No overload variant of "step" of "WorkflowContext" matches argument types "Activity[[str, int], int]", "str"
     keyed = await ctx.step(record, "a", [1], key="k")
     keyed.upper()  # E: "dict[str, int]" has no attribute "upper"
+    await ctx.step(count.bind("a", "b"), key="k")  # E: Argument 2 to "bind" of "Activity" has incompatible type "str"; expected "int"
+    (await ctx.step(count.bind("a"), key="k")).upper()  # E: "int" has no attribute "upper"
+    await ctx.step(count.bind("a"), "b")  # E: No overload variant of "step" of "WorkflowContext" matches argument types "BoundActivity[int]", "str"
     await shout(ctx, b"bytes")  # E: Argument 2 to "__call__" of "Activity" has incompatible type "bytes"; expected "str"
     return await ctx.step(count, text)  # E: No overload variant of "step" of "WorkflowContext"
 
@@ -59,6 +63,8 @@ async def enqueue(client: durable.Client, store: durable.Store) -> None:
     await client.start(total, "abc", "2")  # E: No overload variant of "start" of "Client" matches argument types
     await client.start(nothing, 1)  # E: No overload variant of "start" of "Client" matches argument types
     await client.start("typed.total", text="abc")  # E: No overload variant of "start" of "Client" matches argument types
+    await client.start(total.bind("abc"), id="x", key="k")  # E: Missing positional argument "times" in call to "bind" of "Workflow"
+    await client.start(total.bind("abc", 2), "more")  # E: No overload variant of "start" of "Client" matches argument types "BoundWorkflow[int]", "str"
     run: int = await client.start(total, "abc", 2)  # E: Incompatible types in assignment (expression has type "Run", variable has type "int")
     durable.Worker(store, workflows=[total, count])  # E: List item 1 has incompatible type "Activity[[str, int], int]"
 '''  # noqa: E501
@@ -89,6 +95,7 @@ def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
         "--show-absolute-path", "--no-error-summary", "--hide-error-context",
         "--no-color-output", "--cache-dir", str(folder / "cache"),
         str(ROOT / "tests" / "typing_example.py"), str(mistakes),
+        str(ROOT / "workflows"), str(ROOT / "activities"),
     ])
     assert not err, err
     return out, mistakes
@@ -97,6 +104,15 @@ def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 def test_the_typed_example_passes_mypy(mypy_report: tuple[str, Path]) -> None:
     out, _ = mypy_report
     assert _errors(out, ROOT / "tests" / "typing_example.py") == {}, out
+
+
+def test_the_operations_pass_mypy(mypy_report: tuple[str, Path]) -> None:
+    """workflows/ and activities/, the project's own user code, type-check against the
+    typed declarations (a list of activities of one signature is annotated as such)."""
+    out, mistakes = mypy_report
+    elsewhere = [line for line in out.splitlines()
+                 if ": error: " in line and not line.startswith(str(mistakes))]
+    assert elsewhere == [], out
 
 
 def test_every_mistake_is_reported_on_its_line(mypy_report: tuple[str, Path]) -> None:
@@ -124,10 +140,13 @@ async def test_the_example_runs_with_explicit_workflows(tmp_path: Path) -> None:
             done = [await client.wait(r.id, timeout=30) for r in runs
                     if r.workflow != "typed_bare"]
         assert {r.state for r in done} == {durable.RunState.COMPLETED}
-        assert done[0].result == 6 + 6 + 3
+        assert done[0].result == 6 + 6 + 3 + 0
         steps = [e for e in await client.journal(runs[0].id)
                  if e.kind is durable.EntryKind.STEP_STARTED]
-        assert [e.data["args"] for e in steps[:3]] == [["abc", 2], ["abc", 2], ["abc"]]
+        assert [(e.step_key, e.data["args"]) for e in steps[:4]] == [
+            ("1", ["abc", 2]), ("2", ["abc", 2]), ("again", ["abc"]), ("bound", ["abc", 0])]
+        bound = next(r for r in runs if r.id == "t-3")
+        assert (bound.workflow, bound.args, bound.key) == ("typed.total", ["abc", 2], "k")
         bare = next(r for r in runs if r.workflow == "typed_bare")
         assert (await client.get(bare.id)).state is durable.RunState.QUEUED  # no one knows it
 
@@ -221,3 +240,15 @@ async def test_starting_by_name_needs_no_workflow_code(tmp_path: Path) -> None:
         again = await client.start(slots.teardown, "slot-7", id="teardown-slot-7", key="slot-7")
         assert (again.workflow, again.args, again.key) == ("slot.teardown", ["slot-7"], "slot-7")
         assert len(await client.list()) == 1  # the same run: idempotent by id, no conflict
+
+
+@pytest.mark.anyio
+async def test_bound_arguments_are_positional_and_not_given_twice(tmp_path: Path) -> None:
+    assert example.count.bind("a", times=3).args == ("a", 3)
+    assert example.total.bind(times=2, text="x").args == ("x", 2)
+    async with durable.testing.sqlite_client(tmp_path) as client:
+        with pytest.raises(durable.ConfigError, match="has its arguments bound already"):
+            await client.start(example.total.bind("x", 2), "y")  # type: ignore[call-overload]
+        with pytest.raises(durable.ConfigError, match="takes its arguments by position"):
+            await client.start("typed.total", text="x")  # type: ignore[call-overload]
+        assert await client.list() == []  # nothing written

@@ -44,7 +44,9 @@ async def total(ctx: durable.WorkflowContext, text: str, times: int) -> int:
     assert_type(second, int)
     keyed = await ctx.step(count, text, key="again")           # keyed: the result is typed
     assert_type(keyed, int)
-    summed = await record(ctx, "total", [first, second, keyed])
+    bound = await ctx.step(count.bind(text, 0), key="bound")   # keyed, arguments checked too
+    assert_type(bound, int)
+    summed = await record(ctx, "total", [first, second, keyed, bound])
     assert_type(summed, dict[str, int])
     return summed["total"]
 
@@ -66,6 +68,7 @@ async def enqueue(client: durable.Client) -> list[durable.Run]:
         await client.start(nothing),
         await client.start(typed_bare, "x"),
         await client.start(total, "abc", 2, id="t-1", key="k"),  # options: arguments unchecked
+        await client.start(total.bind("abc", 2), id="t-3", key="k"),  # bound: checked
         await client.start("typed.total", "abc", 2, id="t-2"),   # by name: no code needed
         await client.start("typed.total", "abc", 2),
     ]

@@ -130,9 +130,10 @@ async def teardown(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, An
     """
     await steps.check_config(ctx, ["paas", "githost"])
     slot = await load_slot(ctx, slot_name)
-    targets = [("database", slot.database, steps.delete_database),
-               ("application", slot.app, steps.delete_application),
-               ("repository", slot.repository, steps.delete_repository)]
+    targets: list[tuple[str, str | None, durable.Activity[[str], str]]] = [
+        ("database", slot.database, steps.delete_database),
+        ("application", slot.app, steps.delete_application),
+        ("repository", slot.repository, steps.delete_repository)]
     remaining: list[str] = []
     done: list[str] = []
     for kind, ident, activity in targets:
