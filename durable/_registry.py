@@ -111,19 +111,39 @@ Lookup = Callable[..., Awaitable[Any]]
 def positional(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                what: str) -> tuple[Any, ...]:
     """``args`` and ``kwargs`` of a call of ``fn(ctx, ...)`` as positional arguments only:
-    what the journal keeps (a run's or a step's arguments are a JSON list)."""
+    what the journal keeps (a run's or a step's arguments are a JSON list).
+
+    The same as the call by position would give: ``f(ctx, "a")`` and ``f(ctx, text="a")``
+    are both ``("a",)`` (a default is filled in only where a later argument needs its
+    place), so a start by keyword is idempotent with one by position.
+    """
     if not kwargs:
         return args
     try:
         bound = inspect.signature(fn).bind(None, *args, **kwargs)
     except TypeError as exc:
         raise TypeError(f"{what}: {exc}") from None
-    bound.apply_defaults()
-    if bound.kwargs:
+    given = bound.arguments
+    out: list[Any] = []
+    defaults: list[Any] = []  # of parameters not given, kept until a later one is
+    keyword_only: list[str] = []
+    for param in list(bound.signature.parameters.values())[1:]:
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            if param.name in given:
+                out += [*defaults, given[param.name]]
+                defaults = []
+            else:
+                defaults.append(param.default)
+        elif param.kind is param.VAR_POSITIONAL:
+            out += given.get(param.name, ())
+        elif param.name in given:  # keyword-only, or **kwargs
+            keyword_only += given[param.name] if param.kind is param.VAR_KEYWORD \
+                else [param.name]
+    if keyword_only:
         raise ConfigError(
-            f"{what} takes keyword-only arguments ({', '.join(bound.kwargs)}); the journal "
+            f"{what} takes keyword-only arguments ({', '.join(keyword_only)}); the journal "
             "keeps arguments as a list: make them positional")
-    return tuple(bound.args[1:])
+    return tuple(out)
 
 
 class Activity(Generic[P, R]):

@@ -252,3 +252,22 @@ async def test_bound_arguments_are_positional_and_not_given_twice(tmp_path: Path
         with pytest.raises(durable.ConfigError, match="takes its arguments by position"):
             await client.start("typed.total", text="x")  # type: ignore[call-overload]
         assert await client.list() == []  # nothing written
+
+
+@pytest.mark.anyio
+async def test_a_start_by_keyword_is_the_start_by_position(tmp_path: Path) -> None:
+    """Keyword arguments become the positions a call by position gives (no default filled
+    in that a later argument does not need), so the two starts are one idempotent run."""
+    reg = durable.Registry()
+
+    @durable.workflow("defaults", registry=reg)
+    async def defaults(ctx: durable.WorkflowContext, a: str, b: int = 1, c: int = 2) -> None:
+        return None
+
+    async with durable.testing.sqlite_client(tmp_path, registry=reg) as client:
+        first = await client.start(defaults, "x", id="d1")
+        again = await client.start(defaults.bind(a="x"), id="d1")
+        assert (first.args, again.args) == (["x"], ["x"])
+        skipped = await client.start(defaults.bind("y", c=5), id="d2")
+        assert skipped.args == ["y", 1, 5]
+        assert len(await client.list()) == 2
