@@ -15,11 +15,15 @@ and one worker with ``concurrency=N``:
   default limits (100 connections, one httpcore pool): the baseline.
 
 Printed for each: requests in flight at peak, the first and last arrival after the claim
-returned (the worker claims all N in one statement), when the last run finished, and how
-many pool waits the engine logged (``http_pool_wait``). Targets: all N in flight at once,
-the first within 100 ms of the claim and the last within 1 s, with the worker pool.
+returned (the worker claims all N in one statement and starts their attempts in waves),
+when the last run finished, and how many pool waits the engine logged
+(``http_pool_wait``). Targets: all N in flight at once, the first within 100 ms of the claim
+and the last within 1 s, with the worker pool. ``--repeat K`` measures the worker pool K
+times (a fresh store each) after the baseline and prints each figure's range, and in how
+many of the K the targets were met; the load average is printed before and after.
 
     PYTHONPATH=. python scripts/bench_http.py              # 1,000 runs, both columns
+    PYTHONPATH=. python scripts/bench_http.py --repeat 5   # and four more of the worker pool
     PYTHONPATH=. python scripts/bench_http.py --runs 50 --json
 """
 
@@ -263,11 +267,17 @@ def fmt(value: Any, digits: int = 0) -> str:
     return f"{value:,}"
 
 
+def _load(values: list[float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
+
+
 def report_text(report: dict[str, Any]) -> str:
     pool, base = report["worker_pool"], report["httpx_default"]
     lines = [
         f"durable HTTP benchmark, {report['when']}: {report['cpus']} CPUs, Python "
-        f"{report['python']}, httpx {report['httpx']}, httpcore {report['httpcore']}",
+        f"{report['python']}, httpx {report['httpx']}, httpcore {report['httpcore']}, "
+        f"{report['backend']}; load average {_load(report['load_before'])} before, "
+        f"{_load(report['load_after'])} after",
         f"{report['runs']} runs, one step each awaiting ctx.http.get(loopback /slow); the "
         f"server holds each request until {report['runs']} are in flight or "
         f"{report['hold']:g} s pass without a new one",
@@ -294,10 +304,23 @@ def report_text(report: dict[str, Any]) -> str:
     for key, label in labels.items():
         lines.append(f"  {label:42}{'met' if mine[key] else 'MISSED':>16}"
                      f"{'met' if theirs[key] else 'MISSED':>16}")
+    repeats = report["worker_pool_repeats"]
+    if len(repeats) > 1:
+        lines += ["", f"worker pool, {len(repeats)} measurements (the first is the column "
+                      "above): min / median / max"]
+        for label, key, digits in rows[:5]:
+            values = sorted(r[key] for r in repeats if r[key] is not None)
+            if values:
+                shown = " / ".join(fmt(float(values[i]), digits) for i in
+                                   (0, len(values) // 2, -1))
+                lines.append(f"  {label:42}{shown:>32}")
+        met_in = sum(met(r) for r in repeats)
+        lines.append(f"  {'all three targets met':42}{f'{met_in} of {len(repeats)}':>32}")
     return "\n".join(lines)
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = list(os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="durable-bench-http-") as tmp, \
             server_process(args.hold) as base:
         workdir = Path(tmp)
@@ -305,6 +328,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                              timeout=args.timeout)
         default = await measure(base, args.runs, default_transport=True, workdir=workdir,
                                 timeout=args.timeout)
+        repeats = [pool]
+        for _ in range(args.repeat - 1):
+            repeats.append(await measure(base, args.runs, default_transport=False,
+                                         workdir=workdir, timeout=args.timeout))
     import httpcore
     return {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -312,8 +339,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "httpx": httpx.__version__, "httpcore": httpcore.__version__,
         "backend": args.backend, "runs": args.runs, "hold": args.hold,
         "worker_pool": pool, "httpx_default": default,
+        "worker_pool_repeats": repeats,
         "targets": targets(pool),
         "targets_met": met(pool),
+        "targets_met_in": sum(met(r) for r in repeats),
+        "load_before": load_before, "load_after": list(os.getloadavg()),
     }
 
 
@@ -325,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the ones it holds (default 0.5)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds each column may take (default 120)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="K",
+                        help="measure the worker pool K times in all and print the ranges "
+                             "(default 1)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -332,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         asyncio.run(serve(args.hold))
         return 0
-    if args.runs < 1 or args.hold <= 0 or args.timeout <= 0:
-        print("bench_http: --runs, --hold and --timeout must be positive", file=sys.stderr)
+    if args.runs < 1 or args.hold <= 0 or args.timeout <= 0 or args.repeat < 1:
+        print("bench_http: --runs, --repeat, --hold and --timeout must be positive",
+              file=sys.stderr)
         return 2
     durable.configure_logging(level="warning").addFilter(_count)
     report = anyio.run(main_async, args, backend=args.backend)

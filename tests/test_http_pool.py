@@ -104,14 +104,17 @@ def test_the_http_benchmark_runs_and_prints_both_columns(tmp_path: Path) -> None
     assert set(report["targets"]) == {"all_in_flight", "first_within_100_ms",
                                       "last_within_1_s"}
     assert report["targets"]["all_in_flight"] is True
+    assert len(report["worker_pool_repeats"]) == 1 and len(report["load_before"]) == 3
     text = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_http.py"), "--runs", "5",
-         "--hold", "0.2"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
-        text=True, timeout=120)
+         "--hold", "0.2", "--repeat", "2", "--backend", "trio"], cwd=tmp_path,
+        env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert text.returncode == 0, text.stderr
     for label in ("requests in flight at peak", "first request after the claim (ms)",
                   "last request after the claim (ms)", "worker pool", "httpx default",
-                  "all 5 in flight at once", "first within 100 ms", "last within 1000 ms"):
+                  "all 5 in flight at once", "first within 100 ms", "last within 1000 ms",
+                  "trio; load average", "worker pool, 2 measurements",
+                  "min / median / max", "all three targets met"):
         assert label in text.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_http.py"),
                           "--runs", "0"], cwd=tmp_path, env=subprocess_env(),
