@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
+import anyio.abc
 from anyio.abc import TaskStatus
 
 from ._client import Client, InDoubt, check_step, describe_replay
@@ -360,6 +361,23 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
         token = console_command.read_token(args.token_file)
         console_sock = bind_socket(*parse_bind(args.console))
         console_url = console_url or url_of(console_sock)
+    metrics: Any = None
+    metrics_listener: Any = None
+    if args.metrics:  # bound before any work too; the extra's absence is one line
+        from .console._command import parse_bind as parse_metrics_bind
+
+        host, port = parse_metrics_bind(args.metrics, "--metrics", DEFAULT_METRICS)
+        prometheus = _metrics_extra()
+        try:
+            metrics_listener = await anyio.create_tcp_listener(local_host=host,
+                                                               local_port=port)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve the metrics on {host}:{port}: "
+                              f"{exc.strerror or exc}") from exc
+        metrics = prometheus.MetricsInterceptor()
+        bound = metrics_listener.extra(anyio.abc.SocketAttribute.local_address)
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        metrics_url = f"http://{shown}:{bound[1]}/metrics"
     # statements are short: a small pool serves many attempts (10 was as fast as 35 with 32
     # attempts), and several workers must stay under the server's max_connections
     store = store_from_url(args.db, pool_size=min(args.concurrency + 3, 10))
@@ -369,9 +387,16 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
         worker = Worker(store, concurrency=args.concurrency, lease=args.lease,
                         grace=args.grace, poll_interval=args.poll, console_url=console_url,
                         http_connections=args.http_connections,
-                        schedules=not args.no_schedules)
+                        schedules=not args.no_schedules,
+                        interceptors=[] if metrics is None else [metrics])
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, worker)  # handlers in place before worker_started
+            if metrics_listener is not None:
+                from .prometheus import serve_metrics
+
+                await tg.start(serve_metrics, metrics, store, metrics_listener)
+                metrics_listener = None  # served: closed by serve_metrics
+                print(f"durable: metrics at {metrics_url}", file=sys.stderr, flush=True)
             if console_sock is not None:
                 from .console import create_app, serve
 
@@ -386,7 +411,27 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
             await store.aclose()
         if console_sock is not None:
             console_sock.close()
+        if metrics_listener is not None:
+            with anyio.CancelScope(shield=True):
+                await metrics_listener.aclose()
     return 0
+
+
+DEFAULT_METRICS = "127.0.0.1:9464"
+
+
+def _metrics_extra() -> Any:
+    """``durable.prometheus``, or one line naming the extra it needs."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"--metrics needs the prometheus extra ({exc.name} is not installed): pip "
+            "install 'durable-fenced[prometheus]' (from a checkout: pip install -e "
+            "'.[prometheus]')") from exc
+    from . import prometheus
+
+    return prometheus
 
 
 async def _cmd_console(args: argparse.Namespace) -> int:
@@ -535,6 +580,10 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
                         help="the least severe log lines shown")
+    parser.add_argument(
+        "--metrics", metavar="HOST:PORT",
+        help=f"serve Prometheus metrics at http://HOST:PORT/metrics ({DEFAULT_METRICS} for "
+             "this machine only; needs the prometheus extra) (default: no metrics)")
     from .console._command import add_options as console_options
 
     console_options(parser, worker=True)

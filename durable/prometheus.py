@@ -1,6 +1,7 @@
 """Prometheus metrics of a worker (the ``prometheus`` extra).
 
-::
+``python -m durable.worker ... --metrics 127.0.0.1:9464`` serves them at
+``http://127.0.0.1:9464/metrics``; in code::
 
     from durable.prometheus import MetricsInterceptor, serve_metrics
 

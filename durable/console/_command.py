@@ -19,6 +19,16 @@ TOKEN_ENV = "DURABLE_CONSOLE_TOKEN"
 DEFAULT_BIND = "127.0.0.1:8080"
 
 
+def parse_bind(value: str, option: str = "--console",
+               example: str = DEFAULT_BIND) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6; ``:PORT`` means 127.0.0.1) or ConfigError."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"{option} {value!r} is not HOST:PORT (e.g. {example})")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port_text)
+
+
 def read_token(token_file: str | None) -> str | None:
     """The admin token: ``--token-file`` (first line), else ``$DURABLE_CONSOLE_TOKEN``, else
     None (read-only). Never taken from the command line, where ``ps`` would show it."""

@@ -13,16 +13,7 @@ from starlette.types import ASGIApp
 
 from .._errors import ConfigError
 from .._logging import get_logger
-from ._command import DEFAULT_BIND
-
-
-def parse_bind(value: str, option: str = "--console") -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6; ``:PORT`` means 127.0.0.1) or ConfigError."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(f"{option} {value!r} is not HOST:PORT (e.g. {DEFAULT_BIND})")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port_text)
+from ._command import parse_bind as parse_bind
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
