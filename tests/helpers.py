@@ -53,12 +53,14 @@ async def died_in_step_one(client: durable.Client, workflow: str, run_id: str,
     return run
 
 
-async def given_away(store: durable.Store, run_id: str) -> bool:
-    """Whether the store no longer counts ``run_id`` as running (recovered, by a worker's
-    sweep or by this call): for a poll after moving a fake clock past its lease."""
+async def given_away(store: durable.Store, run_id: str, epoch: int) -> bool:
+    """Whether the store no longer holds ``run_id`` under ``epoch`` (recovered, by a
+    worker's sweep or by this call, and maybe claimed again): for a poll after moving a fake
+    clock past its lease."""
     await store.recover_stale()
     run = await store.get_run(run_id)
-    return run is not None and run.state is not durable.RunState.RUNNING
+    return run is not None and (run.state is not durable.RunState.RUNNING
+                                or run.epoch != epoch)
 
 
 def kinds(entries: list[durable.JournalEntry]) -> list[str]:

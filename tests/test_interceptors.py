@@ -217,7 +217,7 @@ async def test_events_recovery_step_in_doubt_and_lost_lease(
     clock.advance(31.0)  # its lease expires on the store's clock
     events = Events()
     async with running_worker(fclient, registry, interceptors=[events], lease=30.0,
-                              sweep_interval=0.02) as worker:
+                              heartbeat_interval=20.0, sweep_interval=0.02) as worker:
         await poll(lambda: events.recovered)  # by the sweep (a client's read would too)
         assert (await fclient.wait("w")).result == "wiped"
         assert events.recovered == [([Fence("w", run.epoch)], "sweep")]
@@ -231,7 +231,7 @@ async def test_events_recovery_step_in_doubt_and_lost_lease(
         await worker.renew_now()
         assert events.renewals[-1] == 1 and events.lost == []
         clock.advance(31.0)
-        await poll(lambda: given_away(fclient.store, "h"))
+        await poll(lambda: given_away(fclient.store, "h", held.fence.epoch))
         await worker.renew_now()
         assert events.lost == [("h", "lease lost (the renewal did not hold)")]
         assert held.lost

@@ -66,6 +66,7 @@ async def test_recoveries_steps_in_doubt_renewals_and_the_queue_in_process(
         async with httpx.AsyncClient() as http:
             before = samples((await http.get(f"http://127.0.0.1:{port}/metrics")).text)
             async with running_worker(fclient, registry, interceptors=[metrics], lease=30.0,
+                                      heartbeat_interval=20.0,
                                       sweep_interval=0.02) as worker:
                 # the worker's sweep recovers it (a client's read would too: wait after)
                 await poll(lambda: metrics.registry.get_sample_value(
@@ -76,7 +77,8 @@ async def test_recoveries_steps_in_doubt_renewals_and_the_queue_in_process(
                 await entered.wait()
                 await worker.renew_now()  # one lease renewed
                 clock.advance(31.0)  # then the store gives it away: the next one is lost
-                await poll(lambda: given_away(fclient.store, "h"))
+                [held] = [a for a in worker.active.values() if a.run.id == "h"]
+                await poll(lambda: given_away(fclient.store, "h", held.fence.epoch))
                 await worker.renew_now()
                 gate.set()
             after = samples((await http.get(f"http://127.0.0.1:{port}/metrics")).text)
