@@ -224,7 +224,7 @@ class Attempt:
             raise self.refusal()
 
     async def fenced(self, write: Callable[[], Awaitable[bool]], kind: str = "append",
-                     entries: int = 0) -> bool:
+                     entries: int = 0, *, intercepted: bool = False) -> bool:
         """One fenced store write, shielded (bounded by :data:`WRITE_TIMEOUT` and the lease).
 
         A write the store says was never sent (:class:`NotSentError`: no connection could be
@@ -233,12 +233,9 @@ class Attempt:
         raised. False when the fence refused it, or when the time ran out before an answer.
         ``kind`` and ``entries`` say what it is, for interceptors (:class:`WriteInfo`).
         """
-        if self.chain is not None and self.chain.write:
+        if not intercepted and self.chain is not None and self.chain.write:
             return bool(await around(self.chain.write, WriteInfo(self.run, kind, entries),
-                                     lambda: self._fenced(write)))
-        return await self._fenced(write)
-
-    async def _fenced(self, write: Callable[[], Awaitable[bool]]) -> bool:
+                                     lambda: self.fenced(write, intercepted=True)))
         delay = 0.05
         while True:
             try:

@@ -431,13 +431,16 @@ class Steps:
             log.debug("step_started", **{"try": number})
             chain = attempt.chain
             try:
-                if chain is None or not chain.step:
-                    result = await _invoke(act, ctx, args)
-                else:
+                if chain is not None and chain.step:
                     result = await around(
                         chain.step, StepInfo(attempt.run, view.number, view.key, act.name,
                                              number, act.on_doubt),
                         functools.partial(_invoke, act, ctx, args))
+                elif act.timeout is None:  # no interceptor: the call itself, no extra frame
+                    result = await act.fn(ctx, *args)
+                else:
+                    with anyio.fail_after(act.timeout):
+                        result = await act.fn(ctx, *args)
             except AttemptCancelled:
                 raise
             except Exception as exc:
