@@ -162,11 +162,13 @@ class Client:
         if isinstance(run_at, dt.datetime):
             if run_at.tzinfo is None:
                 raise ConfigError("run_at must be timezone-aware")
-            when = run_at.timestamp()
+            when: float | None = run_at.timestamp()
         elif run_at is not None:
             when = float(run_at)
-        else:  # the store's time (PostgreSQL: the server's), which claims compare run_at with
-            when = await self.store.now() + (delay or 0.0)
+        elif delay:  # the store's time (PostgreSQL: the server's), which claims compare with
+            when = await self.store.now() + delay
+        else:  # due at once: the store's time of the insert, taken by the insert itself
+            when = None
         run_id = id or f"{name}-{uuid.uuid4().hex[:12]}"
         headers: dict[str, str] | None = None
         if self._chain is not None and self._chain.start:
@@ -277,22 +279,30 @@ class Client:
         """
         if poll <= 0:
             raise ConfigError("poll must be positive")
-        finished = _wake.hub(self.store).finished
-        with anyio.fail_after(timeout):
-            while True:
-                seen = finished.generation  # before the read: a finish after it is seen
-                since = self.store.change_token() if self.store.pushes_changes else None
-                run = await self.get(run_id)
-                if run.state.finished:
-                    return run
-                async with anyio.create_task_group() as either:
-                    either.start_soon(_first, either, finished.wait, seen)
-                    if self.store.pushes_changes:
-                        either.start_soon(_first, either, self.store.wait_for_finished,
-                                          run_id, poll, since)
-                    with anyio.move_on_after(poll):
-                        await anyio.sleep_forever()
-                    either.cancel_scope.cancel()
+        signals = _wake.hub(self.store)
+        began = signals.handed
+        signals.waiting(run_id, +1)
+        try:
+            with anyio.fail_after(timeout):
+                while True:
+                    seen = signals.ends.get(run_id, 0)  # before the read: no end is missed
+                    since = self.store.change_token() if self.store.pushes_changes else None
+                    handed = signals.handed_over(run_id, began)
+                    if handed is not None:  # as the finish in this process returned it
+                        return handed
+                    run = await self.get(run_id)
+                    if run.state.finished:
+                        return run
+                    async with anyio.create_task_group() as either:
+                        either.start_soon(_first, either, signals.wait_end, run_id, seen)
+                        if self.store.pushes_changes:
+                            either.start_soon(_first, either, self.store.wait_for_finished,
+                                              run_id, poll, since)
+                        with anyio.move_on_after(poll):
+                            await anyio.sleep_forever()
+                        either.cancel_scope.cancel()
+        finally:
+            signals.waiting(run_id, -1)
 
     # -- operator actions ----------------------------------------------------------------------
     async def cancel(self, run_id: str, *, origin: Mapping[str, JSON] | None = None) -> Run:
@@ -311,7 +321,7 @@ class Client:
             raise InvalidStateError(f"run {run_id} is {run.state.value}; nothing to cancel")
         signals = _wake.hub(self.store)
         if cancelled.state.finished:  # a queued run ends at once
-            signals.finished.fire()
+            signals.end(run_id)
         else:  # the attempt holding it, if it runs in this process, stops now
             signals.cancel(run_id)
         self.log.info("run_cancel_requested", workflow_id=run_id, state=cancelled.state.value)

@@ -148,7 +148,9 @@ class NewRun:
     workflow: str
     args: list[JSON]
     key: str | None
-    run_at: float
+    run_at: float | None
+    """When the run is due, in store seconds; None: at once, the store's time of the insert
+    (PostgreSQL: the server's, in the INSERT itself: no round trip to ask for it first)."""
     timeout: float | None = None
     headers: Mapping[str, str] | None = attrs.field(default=None, kw_only=True)
     """Kept in the run's ``run_created`` entry (``data["headers"]``) when given: what the

@@ -30,6 +30,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 if TYPE_CHECKING:
+    from ._types import Run
     from .store import Store
 
 CHANGE_POLL = 0.002
@@ -81,8 +82,53 @@ class Hub:
 
     def __init__(self) -> None:
         self.finished = Beacon()
-        """Fired when an attempt ended (or a queued run was cancelled): waiters re-read."""
+        """Fired when an attempt ended (or a queued run was cancelled): see :meth:`end`."""
         self.workers: weakref.WeakSet[LocalWorker] = weakref.WeakSet()
+        self.waited: dict[str, int] = {}
+        """Run id -> how many :meth:`durable.Client.wait` calls on this store wait for it."""
+        self.settled: dict[str, tuple[int, Run]] = {}
+        """Run id -> (:attr:`handed`, the finished run) handed over by the store that
+        finished it, for the waits in :attr:`waited` (kept only while one waits)."""
+        self.handed = 0
+        self.ends: dict[str, int] = {}
+        """Run id -> how many times :meth:`end` was called for it while waited for."""
+
+    def end(self, run_id: str) -> None:
+        """An attempt of ``run_id`` ended in this process (or its queued run was cancelled):
+        the waits for that run read it again; waits for other runs stay asleep."""
+        if run_id in self.waited:
+            self.ends[run_id] = self.ends.get(run_id, 0) + 1
+        self.finished.fire()
+
+    async def wait_end(self, run_id: str, seen: int) -> None:
+        """Return once :meth:`end` was called for ``run_id`` since ``ends`` was ``seen``
+        (read before the caller last read the run, while registered by :meth:`waiting`)."""
+        while self.ends.get(run_id, 0) == seen:
+            await self.finished.wait(self.finished.generation)
+
+    def settle(self, run: Run) -> None:
+        """The store committed the end of ``run`` (a row it got back from the finishing
+        statement): the waits for it here take it from here instead of reading it again
+        (one round trip less; PostgreSQL). Only for a run somebody here waits for."""
+        if run.id in self.waited:
+            self.handed += 1
+            self.settled[run.id] = (self.handed, run)
+
+    def handed_over(self, run_id: str, since: int) -> Run | None:
+        """The run as its finish returned it, if it was handed over after ``since`` (the
+        :attr:`handed` a wait read when it began: an older hand-over may predate a replay)."""
+        found = self.settled.get(run_id)
+        return found[1] if found is not None and found[0] > since else None
+
+    def waiting(self, run_id: str, delta: int) -> None:
+        """A wait for ``run_id`` begins (+1) or ends (-1)."""
+        count = self.waited.get(run_id, 0) + delta
+        if count > 0:
+            self.waited[run_id] = count
+        else:
+            self.waited.pop(run_id, None)
+            self.settled.pop(run_id, None)
+            self.ends.pop(run_id, None)
 
     def work(self) -> None:
         """A run became claimable here: wake the claim loops of this process's workers."""

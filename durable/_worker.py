@@ -277,7 +277,7 @@ class Worker:
                 del self.active[attempt.fence]
             self._changed.set()
             self._wake.set()
-            _wake.hub(self.store).finished.fire()  # this process's waiters, at once
+            _wake.hub(self.store).end(attempt.run.id)  # this process's waiters, at once
         try:  # other processes' waiters (PostgreSQL NOTIFY; a no-op where a commit signals)
             with anyio.fail_after(1.0):
                 await self.store.notify_finished(attempt.run.id)

@@ -104,6 +104,41 @@ async def test_a_run_started_by_a_host_whose_clock_is_ahead_is_due_at_once(
         assert abs(delayed.run_at - (server_now(pg_url) + 60.0)) < 5.0
 
 
+async def test_a_run_due_at_once_takes_the_servers_time_in_its_insert(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """start() without a delay asks the server nothing before the insert (one round trip,
+    not two): the INSERT takes the server's time for run_at and created_at, and the
+    run_created entry journals that run_at."""
+    registry = durable.Registry()
+
+    @durable.workflow("noop", registry=registry)
+    async def noop(ctx: durable.WorkflowContext) -> None:
+        return None
+
+    async with durable.Client.connect(pg_url, registry=registry) as client:
+        asked: list[float] = []
+        real_now = client.store.now
+
+        async def now() -> float:
+            asked.append(await real_now())
+            return asked[-1]
+
+        monkeypatch.setattr(client.store, "now", now)
+        step_wall_clock(monkeypatch, HOUR)
+        before = server_now(pg_url)
+        started = await client.start("noop", id="r1")
+        after = server_now(pg_url)
+        assert asked == []
+        assert before <= started.run_at == started.created_at <= after
+        created = (await client.store.journal("r1"))[0]
+        assert created.kind is EntryKind.RUN_CREATED
+        assert created.data == {"run_at": started.run_at, "workflow": "noop", "args": [],
+                                "key": None}
+        delayed = await client.start("noop", id="r2", delay=60.0)
+        assert len(asked) == 1 and delayed.run_at == asked[0] + 60.0
+        assert (await client.store.journal("r2"))[0].data["run_at"] == delayed.run_at
+
+
 async def test_a_worker_keeps_its_lease_while_the_wall_clock_jumps_an_hour(
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """End to end: the worker's renewals, the attempt's own check (assert_still_mine), the

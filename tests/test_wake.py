@@ -14,11 +14,12 @@ import anyio
 import pytest
 
 import durable
-from durable import RunState
+from durable import RunState, _wake
 from durable.store import Store, store_from_url
 
 from . import pgflows
 from .conftest import ROOT, subprocess_env
+from .helpers import poll
 from .httpserver import Rule, loopback_server
 from .pg import pg_url, postgres_server
 
@@ -195,3 +196,95 @@ async def test_a_worker_in_another_process_is_woken(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# -- PostgreSQL: the finish hands the run over, and its statement sends the NOTIFY --------------
+pg_only = pytest.mark.parametrize(
+    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
+        reason="the PostgreSQL store runs on asyncio only"))])
+
+
+@pg_only
+async def test_postgres_in_process_wait_takes_the_finished_run_from_the_finish(
+        pg_url: str, registry: durable.Registry) -> None:
+    """The worker's finish returns the run's row and hands it to this process's waits:
+    they return it without reading the run again (one round trip less), for a finish sent
+    alone and for finishes sent together (group commit's finish_batch)."""
+    go = anyio.Event()
+
+    @durable.workflow("wake.gated", registry=registry)
+    async def gated(ctx: durable.WorkflowContext) -> str:
+        await go.wait()
+        return "done"
+
+    async with opened(pg_url) as store:
+        # only the hub wakes the waits (no NOTIFY): a read after the finish could only
+        # be the wait reading the run again
+        store.pushes_changes = False  # type: ignore[misc]
+        reads: list[str] = []
+        real_get = store.get_run
+
+        async def get_run(run_id: str) -> durable.Run | None:
+            reads.append(run_id)
+            return await real_get(run_id)
+
+        store.get_run = get_run  # type: ignore[method-assign]
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry):
+            for size in (1, 4):
+                go = anyio.Event()
+                reads.clear()
+                ids = [f"g{size}-{i}" for i in range(size)]
+                done: dict[str, durable.Run] = {}
+
+                async def wait(run_id: str, into: dict[str, durable.Run] = done) -> None:
+                    into[run_id] = await client.wait(run_id, poll=LONG)
+
+                with anyio.fail_after(BOUND):
+                    for run_id in ids:
+                        await client.start("wake.gated", id=run_id)
+                    async with anyio.create_task_group() as tg:
+                        for run_id in ids:
+                            tg.start_soon(wait, run_id)
+                        await poll(lambda n=size: len(reads) == n)  # each wait's first read
+                        batched = store.batched_writes - store.batches
+                        go.set()
+                assert sorted(reads) == ids  # and no read after the finish
+                for run_id in ids:
+                    assert done[run_id].state is RunState.COMPLETED
+                    assert done[run_id] == await real_get(run_id)
+            assert store.batched_writes - store.batches > batched  # a finish_batch came
+        hub = _wake.hub(store)
+        assert hub.waited == {} and hub.settled == {}
+
+
+@pg_only
+async def test_postgres_a_cancel_of_a_queued_run_wakes_another_processes_wait(
+        pg_url: str, registry: durable.Registry) -> None:
+    """The cancel's statement sends NOTIFY durable_done: a wait on another store object
+    (as in another process) returns without its 60 s fallback poll."""
+    flows(registry)
+    async with opened(pg_url) as mine, opened(pg_url) as theirs:
+        waiter = durable.Client(mine, registry=registry)
+        operator = durable.Client(theirs, registry=registry)
+        run = await operator.start("wake.sum", id="later", delay=3600)
+        read = anyio.Event()
+        real_get = mine.get_run
+
+        async def get_run(run_id: str) -> durable.Run | None:
+            found = await real_get(run_id)
+            read.set()
+            return found
+
+        mine.get_run = get_run  # type: ignore[method-assign]
+        result: list[durable.Run] = []
+
+        async def wait() -> None:
+            result.append(await waiter.wait(run.id, poll=LONG))
+
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                await read.wait()  # the wait saw the run queued: now only a signal helps
+                await operator.cancel(run.id)
+        assert result[0].state is RunState.CANCELLED

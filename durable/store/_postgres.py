@@ -95,8 +95,8 @@ CHANNEL = "durable_work"
 """The NOTIFY channel; the payload is the schema of the store that has work."""
 
 DONE_CHANNEL = "durable_done"
-"""The NOTIFY channel of finished runs (:meth:`PostgresStore.notify_finished`); the payload
-is ``<schema> <run id>``."""
+"""The NOTIFY channel of finished runs, sent by the statements that end a run (queries.sql);
+the payload is ``<schema> <run id>``."""
 
 POOL_TIMEOUT = 10.0
 """Seconds to wait for a pooled connection before the store counts as unavailable."""
@@ -393,8 +393,15 @@ class PostgresStore(Store):
 
     # -- runs --------------------------------------------------------------------------------
     async def create_run(self, new: NewRun) -> tuple[Run, bool]:
-        data: dict[str, JSON] = {"workflow": new.workflow, "args": new.args, "key": new.key,
-                                 "run_at": new.run_at}
+        now = self._now()
+        run_at = now if new.run_at is None else new.run_at
+        # run_at None (due at once, on the server's clock): the insert takes the server's
+        # time itself and writes it into the entry's data, which then starts with
+        # {"run_at":null (queries.sql, insert_run)
+        data: dict[str, JSON] = {"run_at": None} if run_at is None else {}
+        data |= {"workflow": new.workflow, "args": new.args, "key": new.key}
+        if run_at is not None:
+            data["run_at"] = run_at
         if new.headers:
             data["headers"] = dict(new.headers)
         params = {
@@ -402,9 +409,9 @@ class PostgresStore(Store):
             "workflow": new.workflow,
             "args": dumps(new.args, "workflow arguments"),
             "key": new.key,
-            "run_at": new.run_at,
+            "run_at": run_at,
             "timeout": new.timeout,
-            "now": self._now(),
+            "now": now,
             "data": dumps(data, "journal data"),
         }
         row = await self._row(Q["insert_run"], params)
@@ -619,7 +626,7 @@ class PostgresStore(Store):
                 group[0].ok = await self._one(conn, group[0])
                 return
             cur = await conn.execute(*self._batch(group))
-            done = {int(r["job"]) for r in await cur.fetchall()}
+            done = {int(r["job"]): r for r in await cur.fetchall()}
         except psycopg.Error as exc:
             if not _refused(conn, exc):
                 raise
@@ -639,10 +646,13 @@ class PostgresStore(Store):
             return
         for job, write in enumerate(group, 1):
             write.ok = job in done
+            if write.ok and write.finish is not None:
+                self._settle(done[job])
 
     def _batch(self, group: list[_Write]) -> tuple[str, dict[str, Any]]:
         params: dict[str, Any] = {
             "now": self._now(),
+            "schema": self.schema,
             "job_run_ids": [w.fence.run_id for w in group],
             "job_epochs": [w.fence.epoch for w in group],
             "entry_jobs": [job for job, w in enumerate(group, 1) for _ in w.arrays["kinds"]],
@@ -663,14 +673,24 @@ class PostgresStore(Store):
             cur = await conn.execute(Q["append_entries"], params)
             return cur.rowcount == len(write.arrays["kinds"])
         state, result, error = write.finish
-        cur = await conn.execute(
-            Q["finish_run"], params | {"state": state, "result": result, "error": error})
+        cur = await conn.execute(Q["finish_run"], params | {
+            "state": state, "result": result, "error": error, "schema": self.schema})
         row = await cur.fetchone()
-        return row is not None and row["done"] == 1
+        if row is None:
+            return False
+        self._settle(row)
+        return True
+
+    def _settle(self, row: DictRow) -> None:
+        """Hand the row of a run this store just finished to this process's waits for it
+        (durable/_wake.py, Hub.settle): they return it without reading it again."""
+        signals = _wake.hub(self)
+        if row["id"] in signals.waited:
+            signals.settle(Run.from_row(row))
 
     async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
         params = _fence_params(fence, self._now()) | _entry_arrays(entries) | {
-            "cancelled_error": CANCELLED_AT_RELEASE,
+            "schema": self.schema, "cancelled_error": CANCELLED_AT_RELEASE,
             "cancel_data": dumps({"by": "operator", "at": "release"})}
         row = await self._row(Q["release_run"], params)
         return row is not None and row["done"] == 1
@@ -694,7 +714,7 @@ class PostgresStore(Store):
         self, run_id: str, by: Mapping[str, JSON] | None = None
     ) -> Run | None:
         data = dumps(operator_data({"by": "operator"}, by), "the origin of a cancel")
-        params = {"run_id": run_id, "now": self._now(), "data": data}
+        params = {"run_id": run_id, "now": self._now(), "data": data, "schema": self.schema}
         row = await self._row(Q["request_cancel"], params)
         return None if row is None else Run.from_row(row)
 
@@ -762,14 +782,11 @@ class PostgresStore(Store):
     pushes_changes = True
 
     async def notify_finished(self, run_id: str) -> None:
-        """NOTIFY ``durable_done`` with ``<schema> <run id>``: one statement per finished run
-        (not per tick), sent by the worker after the finish committed."""
-        async with self._connection() as conn:
-            try:
-                await conn.execute("SELECT pg_notify(%s, %s)",
-                                   (DONE_CHANNEL, f"{self.schema} {run_id}"))
-            except psycopg.Error as exc:
-                raise self._translate(exc) from exc
+        """Nothing to send: the statements that end a run (finish_run, finish_batch, a
+        release_run or request_cancel that ends it cancelled) NOTIFY ``durable_done`` with
+        ``<schema> <run id>`` themselves, delivered when they commit (no statement, no
+        round trip of its own)."""
+        return None
 
     async def wait_for_finished(self, run_id: str, timeout: float,
                                 since: object = None) -> None:

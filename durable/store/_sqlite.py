@@ -779,16 +779,17 @@ def _insert_run(conn: sqlite3.Connection, new: NewRun, now: float) -> tuple[Run,
     """Create a queued run with its ``run_created`` entry, unless the id exists (then the
     existing run, and False): the create path of :meth:`SqliteStore.create_run` and of a
     schedule's fire."""
+    run_at = now if new.run_at is None else new.run_at  # None: due at once
     params = {"id": new.id, "workflow": new.workflow,
               "args": dumps(new.args, "workflow arguments"), "key": new.key,
-              "run_at": new.run_at, "timeout": new.timeout, "now": now}
+              "run_at": run_at, "timeout": new.timeout, "now": now}
     row = conn.execute(Q["insert_run"], params).fetchone()
     if row is None:
         existing = conn.execute(Q["get_run"], {"id": new.id}).fetchone()
         return Run.from_row(existing), False
     run = Run.from_row(row)
     data: dict[str, JSON] = {"workflow": new.workflow, "args": new.args, "key": new.key,
-                             "run_at": new.run_at}
+                             "run_at": run_at}
     if new.headers:
         data["headers"] = dict(new.headers)
     conn.execute(Q["append_unfenced"],

@@ -8,18 +8,29 @@
 -- per run, journal writers are serialized and journal order is commit order.
 -- Journal entries of one call travel as parallel arrays (%(kinds)s, %(steps)s, ...) and are
 -- inserted in their order by one statement.
+-- A statement that ends a run (finish, a release or cancel that ends it cancelled) also
+-- sends NOTIFY durable_done, '<schema> <run id>' (%(schema)s): delivered when it commits,
+-- to the waits of other processes (Store.wait_for_finished), with no statement of its own.
+-- It returns the run's row, which the store hands to the waits of its own process.
 
 -- name: insert_run
+-- run_at NULL: due at once, at the statement's time (the server's), which the entry's data
+-- then gets in place of the null it starts with ({"run_at":null,...}): no round trip
+-- before the insert to ask the server what time it is.
 WITH run AS (
     INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt,
                               run_at, created_at, updated_at, timeout)
-    VALUES (%(id)s, %(workflow)s, %(args)s, %(key)s, 'queued', 0, 0, %(run_at)s, %(now)s,
-            %(now)s, %(timeout)s)
+    VALUES (%(id)s, %(workflow)s, %(args)s, %(key)s, 'queued', 0, 0,
+            coalesce(%(run_at)s::double precision, %(now)s), %(now)s, %(now)s, %(timeout)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING *
 ), journaled AS (
     INSERT INTO durable_journal (run_id, epoch, kind, at, data)
-    SELECT id, 0, 'run_created', %(now)s, %(data)s FROM run
+    SELECT id, 0, 'run_created', %(now)s,
+           CASE WHEN %(run_at)s::double precision IS NULL
+                THEN '{"run_at":' || run_at::text || substr(%(data)s, length('{"run_at":null') + 1)
+                ELSE %(data)s END
+    FROM run
 )
 SELECT * FROM run;
 
@@ -196,7 +207,7 @@ WITH jobs AS (
     FROM jobs AS j
     WHERE d.id = j.run_id AND d.epoch = j.epoch AND d.state = 'running'
       AND d.lease_expires_at > %(now)s
-    RETURNING j.job, d.id, d.epoch
+    RETURNING j.job, d.*
 ), journaled AS (
     INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
     SELECT run.id, run.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s, e.data
@@ -206,8 +217,10 @@ WITH jobs AS (
          WITH ORDINALITY AS e(job, kind, step, step_key, name, attempt, data, ord)
     JOIN run ON run.job = e.job
     ORDER BY e.ord
+), notified AS (
+    SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n FROM run
 )
-SELECT job FROM run;
+SELECT run.* FROM run, notified;
 
 -- name: finish_run
 WITH run AS (
@@ -216,7 +229,7 @@ WITH run AS (
         worker = NULL, lease_expires_at = NULL
     WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
       AND lease_expires_at > %(now)s
-    RETURNING id, epoch
+    RETURNING *
 ), journaled AS (
     INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
     SELECT run.id, run.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s, e.data
@@ -225,8 +238,10 @@ WITH run AS (
                       %(names)s::text[], %(attempts)s::integer[], %(datas)s::text[])
          WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
     ORDER BY e.ord
+), notified AS (
+    SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n FROM run
 )
-SELECT count(*) AS done FROM run;
+SELECT run.* FROM run, notified;
 
 -- name: release_run
 -- A run whose cancel was requested is not queued again: it ends cancelled, and its
@@ -252,8 +267,11 @@ WITH run AS (
     ) AS e
     WHERE e.ord < 9223372036854775807 OR run.state = 'cancelled'
     ORDER BY e.ord
+), notified AS (
+    SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n
+    FROM run WHERE state = 'cancelled'
 )
-SELECT count(*) AS done FROM run;
+SELECT count(*) AS done FROM run, notified;
 
 -- name: recover_stale
 -- A compare-and-set per run: the expired runs are locked with SKIP LOCKED, so a second
@@ -333,8 +351,11 @@ WITH run AS (
            CASE WHEN state = 'cancelled' THEN 'run_cancelled' ELSE 'run_cancel_requested' END,
            %(now)s, %(data)s
     FROM run
+), notified AS (
+    SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n
+    FROM run WHERE state = 'cancelled'
 )
-SELECT * FROM run;
+SELECT run.* FROM run, notified;
 
 -- name: requeue
 WITH run AS (
