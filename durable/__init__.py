@@ -28,6 +28,7 @@ from ._errors import NotSentError as NotSentError
 from ._errors import ResultUnknownError as ResultUnknownError
 from ._errors import RunConflictError as RunConflictError
 from ._errors import RunNotFoundError as RunNotFoundError
+from ._errors import RunPrunedError as RunPrunedError
 from ._errors import SchemaVersionError as SchemaVersionError
 from ._errors import StaleRecordError as StaleRecordError
 from ._errors import StepInDoubtError as StepInDoubtError
@@ -47,6 +48,7 @@ from ._registry import activity as activity
 from ._registry import default_registry as default_registry
 from ._registry import workflow as workflow
 from ._report import RecoveryReport as RecoveryReport
+from ._retention import PrunedRun as PrunedRun
 from ._schedules import Schedule as Schedule
 from ._schedules import ScheduleSpec as ScheduleSpec
 from ._schedules import schedule as schedule
@@ -84,6 +86,7 @@ __all__ = [
     "NonRetryableError",
     "NotJsonError",
     "NotSentError",
+    "PrunedRun",
     "RecoveryReport",
     "RedactingFilter",
     "Registry",
@@ -92,6 +95,7 @@ __all__ = [
     "Run",
     "RunConflictError",
     "RunNotFoundError",
+    "RunPrunedError",
     "RunState",
     "Schedule",
     "ScheduleSpec",

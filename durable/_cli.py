@@ -36,9 +36,10 @@ from ._report import (
     terminal_width,
     use_color,
 )
+from ._retention import PrunedRun, parse_duration, parse_states, prune
 from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
 from ._shapes import run_json, show_json
-from ._types import RunState
+from ._types import Run, RunState
 from ._version import __version__
 from ._worker import Worker
 from .store import Store, store_from_url
@@ -334,6 +335,28 @@ async def _cmd_schedule_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _cmd_prune(args: argparse.Namespace) -> int:
+    older_than = parse_duration(args.older_than)
+    states = parse_states(args.state)
+    counts = dict.fromkeys(states, 0)
+
+    def seen(item: Run | PrunedRun) -> None:
+        counts[item.state] += 1
+        if args.dry_run and isinstance(item, Run):
+            print(f"{item.id:<36} {item.workflow:<20} {item.state.value:<10} ended "
+                  f"{iso(item.updated_at)}")
+
+    async with Client.connect(args.db, create=False) as client:
+        cutoff = await client.store.now() - older_than
+        total = await prune(client.store, older_than, states, dry_run=args.dry_run,
+                            seen=seen)
+    detail = ", ".join(f"{state.value} {n}" for state, n in counts.items())
+    verb = "would prune" if args.dry_run else "pruned"
+    print(f"{verb} {total} run{'s' if total != 1 else ''} ({detail}) that ended before "
+          f"{iso(cutoff)}{'; nothing was deleted (dry run)' if args.dry_run else ''}")
+    return 0
+
+
 async def _cmd_migrate(args: argparse.Namespace) -> int:
     store = store_from_url(args.db)
     await store.open()
@@ -348,6 +371,11 @@ async def _cmd_migrate(args: argparse.Namespace) -> int:
 
 async def _cmd_worker(args: argparse.Namespace) -> int:
     configure_logging(json=args.log_format == "json", level=args.log_level)
+    prune_age = (None if args.prune_older_than is None
+                 else parse_duration(args.prune_older_than, "--prune-older-than"))
+    prune_every = parse_duration(args.prune_every, "--prune-every")
+    if prune_every <= 0:
+        raise ConfigError("--prune-every must be more than 0s")
     import_modules(_imports(args))
     if not default_registry.workflows:
         raise ConfigError("no workflows registered: pass --import MODULE (or DURABLE_IMPORT)")
@@ -388,6 +416,7 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
                         grace=args.grace, poll_interval=args.poll, console_url=console_url,
                         http_connections=args.http_connections,
                         schedules=not args.no_schedules,
+                        prune_older_than=prune_age, prune_interval=prune_every,
                         interceptors=[] if metrics is None else [metrics])
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, worker)  # handlers in place before worker_started
@@ -574,6 +603,12 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-schedules", action="store_true",
                         help="do not run the scheduler here (by default every worker fires "
                              "due schedules; a fire starts one run however many do)")
+    parser.add_argument("--prune-older-than", metavar="AGE",
+                        help="prune finished runs older than AGE (30d, 12h, 0s: as durable "
+                             "prune --older-than) at start and every --prune-every "
+                             "(default: off, nothing is pruned)")
+    parser.add_argument("--prune-every", default="1h", metavar="AGE",
+                        help="with --prune-older-than, time between two prunes")
     parser.add_argument("--log-format", choices=("console", "json"), default="console",
                         help="log lines on stderr: console (for people) or json (one object "
                              "a line)")
@@ -679,6 +714,19 @@ def build_parser() -> _Parser:
 
     schedule_actions = _schedule_parser(sub)
 
+    p = sub.add_parser("prune", help="delete finished runs older than an age, with their "
+                                     "journals", description=PRUNE_DESCRIPTION)
+    _common(p)
+    p.add_argument("--older-than", required=True, metavar="AGE",
+                   help="prune runs that ended more than AGE ago: a whole number and a unit, "
+                        "w d h m s, largest first (30d, 12h, 1d12h, 90m, 0s: every finished "
+                        "run)")
+    p.add_argument("--state", default="completed,failed,cancelled", metavar="STATES",
+                   help="only runs that ended in these states, comma-separated")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each run it would delete, and how many; delete nothing")
+    p.set_defaults(func=_cmd_prune)
+
     p = sub.add_parser("migrate", help="create or upgrade the database schema",
                        description="Create the database (or PostgreSQL schema) or upgrade it "
                                    "to this version's schema, then print its version.")
@@ -781,6 +829,14 @@ def _schedule_parser(sub: Any) -> list[argparse.ArgumentParser]:
     actions_seen.append(a)
     return actions_seen
 
+
+PRUNE_DESCRIPTION = """\
+Delete the runs that finished (completed, failed or cancelled) more than --older-than ago,
+with their journals, in batches of 500 runs, one short transaction each (other writers go
+on between batches). Each pruned run leaves a tombstone: show ID says when it was pruned
+and how it ended. Queued and running runs are never pruned, and their journals cannot be
+deleted (the database refuses). Records (durable.set_records) are not a run's: they stay.
+"""
 
 CONSOLE_DESCRIPTION = """\
 Serve the operator console until SIGTERM or SIGINT (Ctrl-C): runs, their journals as

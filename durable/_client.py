@@ -18,12 +18,14 @@ from ._errors import (
     InvalidStateError,
     RunConflictError,
     RunNotFoundError,
+    RunPrunedError,
 )
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
 from ._logging import get_logger
 from ._registry import BoundWorkflow, Registry, Workflow, default_registry, positional
 from ._report import RecoveryReport
+from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
 from ._types import JSON, JournalEntry, NewRun, Run, RunState, StepState, dumps
 from .store import Store, store_from_url
@@ -204,10 +206,19 @@ class Client:
         return run
 
     async def get(self, run_id: str) -> Run:
+        """The run; :class:`RunNotFoundError` if there is none, :class:`RunPrunedError` (a
+        subclass) if it finished and was pruned (``durable prune``)."""
         run = await self.store.get_run(run_id)
         if run is None:
+            pruned = await self.store.get_pruned(run_id)
+            if pruned is not None:
+                raise RunPrunedError(pruned.describe(), pruned)
             raise RunNotFoundError(f"no run with id {run_id!r}")
         return await self._recover(run)
+
+    async def pruned(self, run_id: str) -> PrunedRun | None:
+        """The tombstone of a run that was pruned: how it ended, and when it was pruned."""
+        return await self.store.get_pruned(run_id)
 
     async def find(self, run_id: str) -> Run | None:
         """Like :meth:`get`, but None when there is no such run."""

@@ -13,6 +13,7 @@ The tree::
     │   └── SchemaVersionError        the database was written by a newer durable
     ├── StaleRecordError              a record changed since the run read it (compare-and-set)
     ├── RunNotFoundError              no run has that id
+    │   └── RunPrunedError            ... any more: it was finished, and pruned (retention)
     ├── InvalidStateError             the run is not in a state that allows the operation
     ├── NonDeterminismError           a replay met a journaled step under another activity name
     ├── StepInDoubtError              a step started but its outcome is unknown (on_doubt="fail")
@@ -95,6 +96,16 @@ class StaleRecordError(DurableError):
 
 class RunNotFoundError(DurableError):
     """No run exists with the given id."""
+
+
+class RunPrunedError(RunNotFoundError):
+    """The run with the given id finished and was pruned (``durable prune``): its journal is
+    gone; ``pruned`` (a :class:`durable.PrunedRun`) says how it ended, and when it was
+    pruned."""
+
+    def __init__(self, message: str, pruned: object = None) -> None:
+        super().__init__(message)
+        self.pruned = pruned
 
 
 class InvalidStateError(DurableError):

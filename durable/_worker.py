@@ -21,6 +21,7 @@ from ._interceptors import Chain, ClaimInfo, Interceptor, RenewInfo, around, tel
 from ._logging import get_logger
 from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
 from ._registry import Registry, Workflow, default_registry
+from ._retention import prune
 from ._schedules import Scheduler
 from ._types import Fence, Run
 from .store import Store
@@ -81,6 +82,8 @@ class Worker:
         interceptors: Sequence[Interceptor] = (),
         schedules: bool = True,
         schedule_interval: float = 1.0,
+        prune_older_than: float | None = None,
+        prune_interval: float = 3600.0,
     ) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be at least 1")
@@ -138,6 +141,16 @@ class Worker:
         """Fires the store's schedules (docs/design.md, "Schedules"); None with
         ``schedules=False``."""
         self._schedule_wake = anyio.Event()
+        if prune_older_than is not None and prune_older_than < 0:
+            raise ConfigError("prune_older_than must not be negative")
+        if prune_interval <= 0:
+            raise ConfigError("prune_interval must be positive")
+        self.prune_older_than = prune_older_than
+        """With an age (seconds), prune finished runs older than it at start and every
+        ``prune_interval`` seconds (docs/design.md, "Retention"); None (default): never."""
+        self.prune_interval = prune_interval
+        self.pruned = 0
+        """Runs this worker pruned."""
 
     # -- control -----------------------------------------------------------------------------
     def shutdown(self, grace: float | None = None) -> None:
@@ -184,6 +197,7 @@ class Worker:
                 service.start_soon(self._liveness_loop)
                 service.start_soon(self._notify_loop)
                 service.start_soon(self._schedule_loop)
+                service.start_soon(self._prune_loop)
                 async with anyio.create_task_group() as runs:
                     _wake.hub(self.store).workers.add(self)
                     self.log.info("worker_started", concurrency=self.concurrency,
@@ -403,6 +417,21 @@ class Worker:
             with anyio.move_on_after(wait):
                 await self._schedule_wake.wait()
             self._schedule_wake = anyio.Event()
+
+    async def _prune_loop(self) -> None:
+        """Prune finished runs older than ``prune_older_than``, now and then every
+        ``prune_interval`` (batches of a few milliseconds of write lock each)."""
+        if self.prune_older_than is None:
+            return
+        while not self._stopping:
+            try:
+                count = await prune(self.store, self.prune_older_than)
+                self.pruned += count
+                if count:
+                    self.log.info("runs_pruned", runs=count, older_than=self.prune_older_than)
+            except DurableError as exc:
+                self.log.error("prune_failed", error=str(exc))
+            await anyio.sleep(self.prune_interval)
 
     # -- liveness (one machine) ------------------------------------------------------------------
     async def _hold_lock(self) -> None:

@@ -20,13 +20,13 @@ PUBLIC = [
     "Activity", "ActivityContext", "ActivityError", "AttemptCancelled", "Client", "Clock",
     "ConfigError", "Counters", "DurableError", "EntryKind", "FakeClock", "Interceptor",
     "InvalidStateError", "JournalEntry", "LeaseLostError", "NonDeterminismError",
-    "NonRetryableError", "NotJsonError", "NotSentError", "RecoveryReport", "RedactingFilter",
-    "Registry", "ResultUnknownError", "RetryPolicy", "Run", "RunConflictError",
-    "RunNotFoundError", "RunState", "Schedule", "ScheduleSpec", "SchemaVersionError",
-    "StaleRecordError",
-    "StepInDoubtError", "StepState", "Store", "StoreError", "StoreUnavailableError",
-    "UnknownWorkflowError", "WallClock", "Worker", "Workflow", "WorkflowContext", "activity",
-    "configure_logging", "default_registry", "schedule", "store_from_url", "workflow",
+    "NonRetryableError", "NotJsonError", "NotSentError", "PrunedRun", "RecoveryReport",
+    "RedactingFilter", "Registry", "ResultUnknownError", "RetryPolicy", "Run",
+    "RunConflictError", "RunNotFoundError", "RunPrunedError", "RunState", "Schedule",
+    "ScheduleSpec", "SchemaVersionError", "StaleRecordError", "StepInDoubtError", "StepState",
+    "Store", "StoreError", "StoreUnavailableError", "UnknownWorkflowError", "WallClock",
+    "Worker", "Workflow", "WorkflowContext", "activity", "configure_logging",
+    "default_registry", "schedule", "store_from_url", "workflow",
 ]
 """Exactly what users need: declaring, starting, running and inspecting workflows, the
 errors, the headers a fenced service reads, and the store to connect to."""

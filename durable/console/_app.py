@@ -292,6 +292,9 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         run_id = request.path_params["run_id"]
         detail = await console.detail(run_id)
         if detail is None:
+            pruned = await console.client.pruned(run_id)
+            if pruned is not None:
+                return html(request, render.pruned_page(pruned, console.chrome(request)), 410)
             return html(request, render.not_found_page(run_id, console.chrome(request)), 404)
         flash = request.query_params.get("done", "")
         return html(request, render.run_page(detail, console.chrome(request),
@@ -300,6 +303,10 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
     async def run_live(request: Request) -> Response:
         detail = await console.detail(request.path_params["run_id"])
         if detail is None:
+            pruned = await console.client.pruned(request.path_params["run_id"])
+            if pruned is not None:
+                return HTMLResponse(render.pruned_fragment(pruned), 410,
+                                    headers={FINAL_HEADER: "1"})
             return HTMLResponse("<p>cannot confirm: no such run</p>", 404)
         headers = {FINAL_HEADER: "1"} if detail.run.state.finished else {}
         return HTMLResponse(render.run_fragment(detail), headers=headers)
@@ -337,6 +344,9 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         run_id = request.path_params["run_id"]
         detail = await console.detail(run_id)
         if detail is None:
+            pruned = await console.client.pruned(run_id)
+            if pruned is not None:
+                return JSONResponse({"status": "pruned", **pruned.to_json()}, 410)
             return JSONResponse({"status": "unknown",
                                  "error": f"no run with id {run_id!r} in {console.db}"}, 404)
         data = show_json(detail.run, detail.entries, console.console_url)

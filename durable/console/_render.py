@@ -20,6 +20,7 @@ from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
 from .._report import RecoveryReport, _current_epoch, duration, utc
+from .._retention import PrunedRun
 from .._types import EntryKind, JournalEntry, Record, Run, RunState
 
 STATES = [s.value for s in RunState]
@@ -481,6 +482,23 @@ def not_found_page(run_id: str, chrome: Chrome) -> str:
 mistyped, the run may live in another database, or it may not have been started yet. This
 page keeps looking.</p>"""
     return page(f"run {run_id}", body, chrome)
+
+
+def pruned_fragment(pruned: PrunedRun) -> str:
+    """What the console knows of a run that was pruned: its tombstone."""
+    key = "" if pruned.key is None else f", key <code>{text(pruned.key)}</code>"
+    return (f'<p class="pruned-run">This run ({text(pruned.workflow)}{key}) ended '
+            f'<span class="state state-{attr(pruned.state.value)}">'
+            f'{text(pruned.state.value)}</span> at {text(utc(pruned.ended_at))} and was '
+            f'<b>pruned on {text(utc(pruned.pruned_at))}</b>: its journal is gone (retention, '
+            '<code>python -m durable prune</code>).</p>')
+
+
+def pruned_page(pruned: PrunedRun, chrome: Chrome) -> str:
+    body = f"""<p class="crumbs"><a href="/runs">runs</a> / {text(pruned.id)}</p>
+<h1>Run {text(pruned.id)}</h1>
+{pruned_fragment(pruned)}"""
+    return page(f"run {pruned.id}", body, chrome)
 
 
 def status_page(workflow: str, key: str, run_id: str, chrome: Chrome) -> str:

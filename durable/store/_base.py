@@ -20,6 +20,7 @@ import anyio
 
 from .. import _wake
 from .._clock import Clock
+from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec
 from .._types import (
     JSON,
@@ -34,7 +35,7 @@ from .._types import (
     RunState,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10
@@ -472,3 +473,21 @@ class Store(abc.ABC):
         run as :meth:`create_run` does (nothing when its id exists) and note it as the
         schedule's last run. ``new=None`` skips the fire. False (nothing written) if the
         schedule changed since it was read at ``version``."""
+
+    # -- retention (durable/_retention.py; docs/design.md, "Retention") ----------------------
+    @abc.abstractmethod
+    async def prunable_runs(self, state: RunState, cutoff: float, limit: int,
+                            after: tuple[float, str] | None = None) -> list[Run]:
+        """Up to ``limit`` runs in the finished ``state`` that ended (``updated_at``) before
+        ``cutoff``, oldest end first, after the keyset cursor ``(updated_at, id)``: what
+        :meth:`prune_runs` would delete (a read)."""
+
+    @abc.abstractmethod
+    async def prune_runs(self, state: RunState, cutoff: float, limit: int) -> list[PrunedRun]:
+        """Delete up to ``limit`` runs in the finished ``state`` that ended before ``cutoff``
+        (oldest first), with their journals, in one short transaction; leave a tombstone of
+        each and return them. The journal's trigger lets only these entries go."""
+
+    @abc.abstractmethod
+    async def get_pruned(self, run_id: str) -> PrunedRun | None:
+        """The tombstone of a pruned run, or None."""

@@ -55,6 +55,7 @@ from .._errors import (
     StoreError,
     StoreUnavailableError,
 )
+from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec, schedule_params
 from .._types import (
     JSON,
@@ -956,6 +957,31 @@ class PostgresStore(Store):
                             "run_at": new.run_at}, "journal data"))
         row = await self._row(Q["fire_schedule"], params)
         return row is not None and int(row["fired"]) == 1
+
+    # -- retention (durable/_retention.py) ----------------------------------------------------
+    async def prunable_runs(self, state: RunState, cutoff: float, limit: int,
+                            after: tuple[float, str] | None = None) -> list[Run]:
+        at, last = after if after is not None else (float("-inf"), "")
+        rows = await self._rows(Q["prunable_runs"], {
+            "state": RunState(state).value, "cutoff": cutoff, "limit": limit,
+            "after_at": at, "after_id": last})
+        return [Run.from_row(r) for r in rows]
+
+    async def prune_runs(self, state: RunState, cutoff: float, limit: int) -> list[PrunedRun]:
+        params: dict[str, Any] = {"state": RunState(state).value, "cutoff": cutoff,
+                                  "limit": limit, "now": self._now()}
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute(Q["prune_mark"], params)
+            pruned = [PrunedRun.from_row(r) for r in await cur.fetchall()]
+            if pruned:
+                params["ids"] = [p.id for p in pruned]
+                await conn.execute(Q["prune_journal"], params)
+                await conn.execute(Q["prune_delete_runs"], params)
+        return pruned
+
+    async def get_pruned(self, run_id: str) -> PrunedRun | None:
+        row = await self._row(Q["get_pruned"], {"id": run_id})
+        return None if row is None else PrunedRun.from_row(row)
 
 
 class _Fenced(Exception):

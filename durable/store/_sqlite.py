@@ -27,6 +27,7 @@ from .._errors import (
     StoreError,
     StoreUnavailableError,
 )
+from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec, schedule_params
 from .._types import (
     JSON,
@@ -757,6 +758,40 @@ class SqliteStore(Store):
             return True
 
         return await self._run(tx)
+
+    # -- retention (durable/_retention.py) ----------------------------------------------------
+    async def prunable_runs(self, state: RunState, cutoff: float, limit: int,
+                            after: tuple[float, str] | None = None) -> list[Run]:
+        at, last = after if after is not None else (float("-inf"), "")
+        params = {"state": RunState(state).value, "cutoff": cutoff, "limit": limit,
+                  "after_at": at, "after_id": last}
+
+        def read(conn: sqlite3.Connection) -> list[Run]:
+            return [Run.from_row(r) for r in conn.execute(Q["prunable_runs"], params)]
+
+        return await self._run(read, write=False)
+
+    async def prune_runs(self, state: RunState, cutoff: float, limit: int) -> list[PrunedRun]:
+        params = {"state": RunState(state).value, "cutoff": cutoff, "limit": limit,
+                  "now": self.clock.now()}
+
+        def tx(conn: sqlite3.Connection) -> list[PrunedRun]:
+            pruned = [PrunedRun.from_row(r)
+                      for r in conn.execute(Q["prune_mark"], params).fetchall()]
+            if pruned:
+                ids = json.dumps([p.id for p in pruned])
+                conn.execute(Q["prune_journal"], {"ids": ids})
+                conn.execute(Q["prune_delete_runs"], {**params, "ids": ids})
+            return pruned
+
+        return await self._run(tx)
+
+    async def get_pruned(self, run_id: str) -> PrunedRun | None:
+        def read(conn: sqlite3.Connection) -> PrunedRun | None:
+            row = conn.execute(Q["get_pruned"], {"id": run_id}).fetchone()
+            return None if row is None else PrunedRun.from_row(row)
+
+        return await self._run(read, write=False)
 
 
 def list_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:

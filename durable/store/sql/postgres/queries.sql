@@ -491,3 +491,57 @@ WITH fired AS (
     SELECT id, 0, 'run_created', %(now)s, %(data)s::text FROM run
 )
 SELECT (SELECT count(*) FROM fired) AS fired;
+
+-- name: prunable_runs
+-- What prune would delete, for a dry run: by the index durable_runs_by_end, keyset-paged.
+SELECT * FROM durable_runs
+WHERE state = %(state)s AND updated_at < %(cutoff)s
+  AND (updated_at, id COLLATE "C") > (%(after_at)s::double precision, %(after_id)s::text)
+ORDER BY updated_at, id COLLATE "C"
+LIMIT %(limit)s;
+
+-- name: prune_mark
+-- A batch of prune, the first of three statements of one transaction (PostgresStore
+-- .prune_runs): lock the batch's runs (a replay waits, then finds them gone) and write their
+-- tombstones; then prune_journal, whose trigger lets only the entries of a finished run
+-- with a tombstone of its ending go (it sees the tombstones: an earlier statement), and
+-- prune_delete_runs.
+WITH doomed AS (
+    SELECT id, workflow, concurrency_key, state, updated_at FROM durable_runs
+    WHERE state = %(state)s AND updated_at < %(cutoff)s
+    ORDER BY updated_at, id COLLATE "C"
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+INSERT INTO durable_pruned_runs AS p (id, workflow, concurrency_key, state, ended_at,
+                                      pruned_at)
+SELECT id, workflow, concurrency_key, state, updated_at, %(now)s FROM doomed
+ON CONFLICT (id) DO UPDATE
+SET workflow = excluded.workflow, concurrency_key = excluded.concurrency_key,
+    state = excluded.state, ended_at = excluded.ended_at, pruned_at = excluded.pruned_at
+RETURNING *;
+
+-- name: prune_journal
+DELETE FROM durable_journal WHERE run_id = ANY (%(ids)s::text[]);
+
+-- name: prune_delete_runs
+DELETE FROM durable_runs
+WHERE id = ANY (%(ids)s::text[]) AND state = %(state)s AND updated_at < %(cutoff)s;
+
+-- name: get_pruned
+SELECT * FROM durable_pruned_runs WHERE id = %(id)s;
+
+-- name: seed_run
+-- Bulk seeding of finished runs (durable/store/_seed.py: tests and benchmarks at scale).
+INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt, run_at,
+                          created_at, updated_at)
+SELECT r.id, r.workflow, '[]', r.key, r.state, 1, 1, r.created_at, r.created_at, r.ended_at
+FROM unnest(%(ids)s::text[], %(workflows)s::text[], %(keys)s::text[], %(states)s::text[],
+            %(created)s::double precision[], %(ended)s::double precision[])
+     AS r(id, workflow, key, state, created_at, ended_at);
+
+-- name: seed_entry
+INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+SELECT e.run_id, e.epoch, e.kind, e.at, '{}'
+FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(kinds)s::text[],
+            %(ats)s::double precision[]) AS e(run_id, epoch, kind, at);

@@ -317,3 +317,44 @@ SET fired_through = :fire_at, version = version + 1, updated_at = :now,
     last_fire_at = CASE WHEN :run_id IS NULL THEN last_fire_at ELSE :fire_at END,
     last_run_id = coalesce(:run_id, last_run_id)
 WHERE name = :name AND version = :version AND NOT paused AND fired_through < :fire_at;
+
+-- name: prunable_runs
+-- What prune would delete, for a dry run: by the index durable_runs_by_end, keyset-paged.
+SELECT * FROM durable_runs
+WHERE state = :state AND updated_at < :cutoff AND (updated_at, id) > (:after_at, :after_id)
+ORDER BY updated_at, id
+LIMIT :limit;
+
+-- name: prune_mark
+-- A batch of prune: the tombstones first (the journal's trigger lets only the entries of a
+-- finished run with a tombstone of its ending go), then its journal, then the runs. One
+-- transaction (SqliteStore.prune_runs).
+INSERT INTO durable_pruned_runs (id, workflow, concurrency_key, state, ended_at, pruned_at)
+SELECT id, workflow, concurrency_key, state, updated_at, :now FROM durable_runs
+WHERE state = :state AND updated_at < :cutoff
+ORDER BY updated_at, id
+LIMIT :limit
+ON CONFLICT (id) DO UPDATE
+SET workflow = excluded.workflow, concurrency_key = excluded.concurrency_key,
+    state = excluded.state, ended_at = excluded.ended_at, pruned_at = excluded.pruned_at
+RETURNING *;
+
+-- name: prune_journal
+DELETE FROM durable_journal WHERE run_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_delete_runs
+DELETE FROM durable_runs
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state = :state AND updated_at < :cutoff;
+
+-- name: get_pruned
+SELECT * FROM durable_pruned_runs WHERE id = :id;
+
+-- name: seed_run
+-- Bulk seeding of finished runs (durable/store/_seed.py: tests and benchmarks at scale).
+INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt, run_at,
+                          created_at, updated_at)
+VALUES (:id, :workflow, '[]', :key, :state, 1, 1, :created_at, :created_at, :ended_at);
+
+-- name: seed_entry
+INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+VALUES (:id, :epoch, :kind, :at, '{}');
