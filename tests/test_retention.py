@@ -7,6 +7,7 @@ same checks run on PostgreSQL with 3,000. Time is an injected clock.
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -20,9 +21,10 @@ import durable
 from durable._clock import FakeClock
 from durable._retention import PrunedRun, parse_duration, parse_states, prune
 from durable._types import RunState
+from durable.store import Store
 from durable.store._seed import Seed, seed_finished_runs
 from tests.conftest import subprocess_env
-from tests.helpers import poll
+from tests.helpers import poll, python_process
 from tests.pg import connect_sync, pg_url, postgres_server, psycopg
 from tests.test_console_http import console
 from tests.test_store_contract import opened, store_url
@@ -284,3 +286,37 @@ def test_cli_prune(tmp_path: Path) -> None:
     done = cli("--older-than", "0s", "--state", "completed")
     assert done.returncode == 0 and done.stdout.startswith("pruned 3 runs (completed 3)")
     assert cli("--older-than", "0s").stdout.startswith("pruned 0 runs")
+
+
+async def test_worker_command_prunes(tmp_path: Path) -> None:
+    """``worker --prune-older-than 0s`` prunes the finished runs at start (a subprocess)."""
+    url = f"sqlite:///{tmp_path / 'wc.db'}"
+    async with opened(url, FakeClock(1_000.0)) as store:
+        await seed_finished_runs(store, [Seed(f"w{i}", "cli.hello", RunState.FAILED, 500.0)
+                                         for i in range(5)])
+    log = tmp_path / "worker.log"
+    with python_process(["-m", "durable.worker", "--db", url, "--import", "tests.cliflows",
+                         "--no-schedules", "--prune-older-than", "0s"], log) as proc:
+        async with durable.Client.connect(url) as client:
+            await poll(lambda: client.store.get_pruned("w4"), timeout=30)
+            assert sum((await client.counts()).values()) == 0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    assert "runs_pruned" in log.read_text()
+
+
+async def test_two_pruners_at_once_take_different_runs(store_url: str, clock: FakeClock) -> None:
+    """Two stores (two workers) prune the same database at once: every run goes once, no
+    batch fails (PostgreSQL: SKIP LOCKED; SQLite: one writer at a time)."""
+    async with opened(store_url, clock) as first, opened(store_url, clock) as second:
+        await seed_finished_runs(first, seeds(2_000))
+        counts: list[int] = []
+
+        async def one(store: Store) -> None:
+            counts.append(await prune(store, 30 * DAY, batch=50))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, first)
+            tg.start_soon(one, second)
+        assert sum(counts) == 1_800
+        assert (await first.count_runs())[RunState.COMPLETED] == 200
