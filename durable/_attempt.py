@@ -129,6 +129,7 @@ class Attempt:
         self.chain = chain
         """The worker's interceptors (None: none, and nothing is called)."""
         self._info: AttemptInfo | None = None
+        self._told_lost = False
         self.log = get_logger("durable.attempt", workflow_id=run.id, workflow=run.workflow,
                               attempt=run.attempt, epoch=run.epoch)
 
@@ -175,10 +176,15 @@ class Attempt:
         """The lease is gone: refuse every request and write from now on, and stop."""
         if not self.lost:
             self.log.info("attempt_stopping", reason=reason)
-            if self.chain is not None and self.chain.lease_lost:
-                tell(self.chain.lease_lost, self.info, reason)
         self.lease.lose(reason)
+        self._tell_lost()
         self.scope.cancel()
+
+    def _tell_lost(self) -> None:
+        """Tell the interceptors once that the lease is lost, however it was found."""
+        if self.chain is not None and self.chain.lease_lost and not self._told_lost:
+            self._told_lost = True
+            tell(self.chain.lease_lost, self.info, self.lease.lost or "lease lost")
 
     def refusal(self) -> LeaseLostError:
         return LeaseLostError(
@@ -340,6 +346,7 @@ class Attempt:
             self.lease.lose("lease expired locally (renewals failed)")
         if self.lost:
             outcome = ("abandoned", self.lease.lost)
+            self._tell_lost()  # a refusal, a service's "superseded", a local expiry
         elif outcome is not None and outcome[0] == "completed":
             pass  # it finished: a stop that came too late changes nothing
         elif doom is not None:

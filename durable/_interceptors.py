@@ -174,7 +174,8 @@ class Interceptor:
         return await call_next()
 
     def on_lease_lost(self, info: AttemptInfo, reason: str) -> None:
-        """An attempt lost its lease (a renewal did not hold it, or a write was refused)."""
+        """An attempt lost its lease, however that was found (a renewal that did not hold
+        it, a refused write, a service's ``LeaseLostError``, a local expiry); once."""
 
     def on_recovered(self, fences: Sequence[Fence], by: str) -> None:
         """Runs whose worker died or whose lease expired were queued again (``by``:

@@ -296,3 +296,21 @@ def test_no_interceptors_means_no_chain_and_a_non_interceptor_is_refused() -> No
     assert chain.start == ()  # nobody overrides on_start: the client calls nothing
     with pytest.raises(durable.ConfigError, match="not an interceptor"):
         Chain.of([object()])
+
+
+async def test_a_lease_lost_inside_the_attempt_is_told_once(
+        client: durable.Client, registry: durable.Registry) -> None:
+    @durable.activity(registry=registry)
+    async def superseded(ctx: durable.ActivityContext) -> None:
+        raise durable.LeaseLostError("a newer attempt holds this resource")
+
+    @durable.workflow("superseded", registry=registry)
+    async def flow(ctx: durable.WorkflowContext) -> None:
+        await superseded(ctx)
+
+    events, counters = Events(), durable.Counters()
+    async with running_worker(client, registry, interceptors=[events, counters]):
+        await client.start("superseded", id="x")
+        await poll(lambda: counters.attempts_ended == 1)
+    assert counters.attempts == {"abandoned": 1} and counters.leases_lost == 1
+    assert events.lost == [("x", "a newer attempt holds this resource")]
