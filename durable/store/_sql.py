@@ -27,4 +27,9 @@ def load_migrations(dialect: str) -> list[tuple[int, str]]:
         if match:
             found.append((int(match.group(1)), entry.read_text()))
     found.sort()
+    numbers = [number for number, _ in found]
+    if len(set(numbers)) != len(numbers):  # two branches that each took the next number
+        twice = sorted({n for n in numbers if numbers.count(n) > 1})
+        raise RuntimeError(f"two {dialect} migrations share the number(s) {twice}: "
+                           "renumber one (each number is applied once)")
     return found
