@@ -30,6 +30,7 @@ from ._errors import RunConflictError as RunConflictError
 from ._errors import RunNotFoundError as RunNotFoundError
 from ._errors import RunPrunedError as RunPrunedError
 from ._errors import SchemaVersionError as SchemaVersionError
+from ._errors import SignalTimeout as SignalTimeout
 from ._errors import StaleRecordError as StaleRecordError
 from ._errors import StepInDoubtError as StepInDoubtError
 from ._errors import StoreError as StoreError
@@ -100,6 +101,7 @@ __all__ = [
     "Schedule",
     "ScheduleSpec",
     "SchemaVersionError",
+    "SignalTimeout",
     "StaleRecordError",
     "StepInDoubtError",
     "StepState",

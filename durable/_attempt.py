@@ -56,8 +56,15 @@ from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease
 from ._logging import get_logger, redact
 from ._pool import LOG_EXTENSION, WAIT_EXTENSION, WorkerTransport
-from ._steps import Steps, check_journalable, describe, refuse_unknown
-from ._types import JSON, EntryKind, Fence, JournalWrite, Run, RunState
+from ._steps import (
+    DEFAULT_WAIT_THRESHOLD,
+    Steps,
+    Suspended,
+    check_journalable,
+    describe,
+    refuse_unknown,
+)
+from ._types import JSON, NEVER, EntryKind, Fence, JournalWrite, Run, RunState
 
 if TYPE_CHECKING:
     from ._registry import Registry
@@ -108,8 +115,11 @@ class Attempt:
         worker_id: str = "",
         console_url: str | None = None,
         chain: Chain | None = None,
+        wait_threshold: float = DEFAULT_WAIT_THRESHOLD,
     ) -> None:
         self.store = store
+        self.wait_threshold = wait_threshold
+        """Waits of this many seconds or more release the run (durable waiting)."""
         self.run = run
         self.registry = registry
         self.fence = Fence(run.id, run.epoch)
@@ -330,12 +340,21 @@ class Attempt:
                 outcome = await self._body()
         except AttemptCancelled as exc:
             self._signalled(exc)
+        except Suspended as exc:  # a long wait: the run is released until it is due
+            outcome = ("suspended", exc)
         except Exception as exc:
             outcome = ("failed", exc)
         except BaseExceptionGroup as group:  # from a task group in the workflow
             stops, others = group.split(AttemptCancelled)
+            waits, rest = (None, others) if others is None else others.split(Suspended)
             if stops is not None:
                 self._signalled(_first(stops))
+            elif waits is not None and (rest is None or not rest.subgroup(
+                    lambda e: isinstance(e, Exception))):
+                exc0: BaseException = waits
+                while isinstance(exc0, BaseExceptionGroup):
+                    exc0 = exc0.exceptions[0]
+                outcome = ("suspended", exc0)
             elif others is not None and not _has_cancellation(others):
                 errors = others.exceptions
                 outcome = ("failed", errors[0] if len(errors) == 1 else others)
@@ -457,6 +476,16 @@ class Attempt:
                     self.fence, RunState.CANCELLED, error="cancelled by an operator",
                     entries=entries), "finish", len(entries))
                 log.info("run_cancelled") if ok else None
+            elif kind == "suspended":  # a long wait: released, due at its time (or signal)
+                ended = "released"
+                wait: Suspended = value
+                entries = self._take_deferred([JournalWrite(EntryKind.RUN_WAITING, data={
+                    "until": wait.until, "reason": wait.reason, "signal": wait.signal})])
+                ok = await self.fenced(lambda: self.store.release(
+                    self.fence, entries, run_at=NEVER if wait.until is None else wait.until,
+                    waiting_for=wait.signal, seen_signals=wait.seen), "release", len(entries))
+                log.info("run_waiting", until=wait.until, reason=wait.reason,
+                         signal=wait.signal) if ok else None
             else:  # shutdown: give the run back at once
                 ended = "released"
                 entries = self._take_deferred(

@@ -35,6 +35,7 @@ from ._report import (
     render_timeline,
     terminal_width,
     use_color,
+    waiting_phrase,
 )
 from ._retention import PrunedRun, parse_duration, parse_states, prune
 from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
@@ -160,6 +161,7 @@ async def _cmd_list(args: argparse.Namespace) -> int:
                                  created_from=parse_time(args.since, "--since"),
                                  created_to=parse_time(args.until, "--until"),
                                  id_prefix=args.prefix)
+        now = await client.store.now()
     if args.json:
         print(json.dumps([run_json(r) for r in runs], indent=2))
         return 0
@@ -168,8 +170,11 @@ async def _cmd_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'id':<36} {'workflow':<20} {'key':<16} {'state':<10} {'attempt':>7}  error")
     for r in runs:
+        # a run released to wait says what for (durable waiting) where an error would be
+        waiting = waiting_phrase(r, now=now)
+        note = r.error or (f"waiting {waiting}" if waiting else "")
         print(f"{r.id:<36} {r.workflow:<20} {(r.key or '-'):<16} {r.state.value:<10} "
-              f"{r.attempt:>7}  {clip(one_line(r.error or ''), 60)}")
+              f"{r.attempt:>7}  {clip(one_line(note), 60)}")
     return 0
 
 
@@ -251,6 +256,19 @@ async def _cmd_cancel(args: argparse.Namespace) -> int:
         print(f"{run.id} cancelled before it started")
     else:
         print(f"{run.id} cancel requested; the worker holding it stops it now")
+    return 0
+
+
+async def _cmd_signal(args: argparse.Namespace) -> int:
+    payload = None if args.payload is None else _parse_json_arg(args.payload)
+    async with Client.connect(args.db, create=False) as client:
+        recorded = await client.signal(args.id, args.name, payload, id=args.signal_id,
+                                       origin=_cli_origin())
+    if recorded:
+        print(f"{args.id}: signal {args.name!r} recorded")
+    else:
+        print(f"{args.id}: signal id {args.signal_id!r} was already recorded; nothing new "
+              "written")
     return 0
 
 
@@ -417,7 +435,8 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
                         http_connections=args.http_connections,
                         schedules=not args.no_schedules,
                         prune_older_than=prune_age, prune_interval=prune_every,
-                        interceptors=[] if metrics is None else [metrics])
+                        interceptors=[] if metrics is None else [metrics],
+                        durable_wait_threshold=args.wait_threshold)
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, worker)  # handlers in place before worker_started
             if metrics_listener is not None:
@@ -504,7 +523,8 @@ DESCRIPTION = """\
 durable: durable workflows of journaled activities.
 
 Start runs of workflows, list and show runs with their journals, cancel and replay them,
-create or upgrade the database, and run workers that claim and execute runs.
+send them signals, create or upgrade the database, and run workers that claim and execute
+runs.
 """
 
 EPILOG = """\
@@ -609,6 +629,10 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
                              "(default: off, nothing is pruned)")
     parser.add_argument("--prune-every", default="1h", metavar="AGE",
                         help="with --prune-older-than, time between two prunes")
+    parser.add_argument("--wait-threshold", type=float, default=2.0, metavar="SECONDS",
+                        help="durable waits (ctx.sleep, ctx.wait_for, retry delays) of this "
+                             "long or longer end the attempt and release the run until it "
+                             "is due; shorter ones wait in the attempt")
     parser.add_argument("--log-format", choices=("console", "json"), default="console",
                         help="log lines on stderr: console (for people) or json (one object "
                              "a line)")
@@ -695,6 +719,22 @@ def build_parser() -> _Parser:
     _common(p)
     p.add_argument("id", help="the run's id")
     p.set_defaults(func=_cmd_cancel)
+
+    p = sub.add_parser("signal", help="send a signal to a run (ctx.wait_for receives it)",
+                       description="Send the signal NAME, with an optional JSON payload, to a "
+                                   "queued or running run: its ctx.wait_for(NAME) receives it "
+                                   "(each signal once, in order; one sent before the workflow "
+                                   "waits is kept). --id makes the send idempotent.")
+    _common(p)
+    p.add_argument("id", help="the run's id")
+    p.add_argument("name", help="the signal's name, e.g. approve")
+    p.add_argument("payload", nargs="?", metavar="JSON",
+                   help="the payload, a JSON value (quote strings: \'\"yes\"\'; "
+                        "default: null)")
+    p.add_argument("--id", dest="signal_id", metavar="SIGNAL_ID",
+                   help="an id for this signal: sending the same id again records nothing "
+                        "(default: none, every send is a new signal)")
+    p.set_defaults(func=_cmd_signal)
 
     p = sub.add_parser("replay", help="run a failed or cancelled run again",
                        description="Queue a failed or cancelled run again. Completed steps "

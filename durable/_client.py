@@ -338,6 +338,39 @@ class Client:
         self.log.info("run_cancel_requested", workflow_id=run_id, state=cancelled.state.value)
         return cancelled
 
+    async def signal(self, run_id: str, name: str, payload: JSON = None, *,
+                     id: str | None = None,
+                     origin: Mapping[str, JSON] | None = None) -> bool:
+        """Send the signal ``name`` with a JSON ``payload`` to a queued or running run: a
+        ``ctx.wait_for(name)`` of the run receives it (each signal once, in order; a signal
+        sent before the workflow waits is kept). A run waiting for it is due at once.
+
+        ``id`` makes the send idempotent: True if the signal was recorded now, False if a
+        signal with that id was already recorded for the run (a double click is one signal).
+        ``origin`` (who and where) is journaled with it, as for :meth:`cancel`. The payload
+        is journaled when received, like a step's arguments: never put a secret in it.
+        Raises :class:`RunNotFoundError` for an unknown run and
+        :class:`InvalidStateError` for a finished one; nothing is written then.
+        """
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError("a signal name must be a non-empty string")
+        if id is not None and (not isinstance(id, str) or not id.strip()):
+            raise ConfigError("a signal id must be a non-empty string")
+        dumps(payload, "a signal's payload")
+        by = _origin(origin)
+        await self.get(run_id)  # recovers an expired lease first, as every read does
+        sent = await self.store.send_signal(run_id, name, payload, id, by)
+        if sent.state is None:
+            raise RunNotFoundError(f"no run with id {run_id!r}")
+        if sent.state.finished:
+            raise InvalidStateError(
+                f"run {run_id} is already {sent.state.value}; a signal can no longer reach it")
+        if sent.seq is not None:
+            _wake.hub(self.store).work()  # a run made due: this process's workers claim it
+        self.log.info("signal_sent", workflow_id=run_id, signal=name, seq=sent.seq,
+                      recorded=sent.seq is not None)
+        return sent.seq is not None
+
     async def replay(self, run_id: str, from_step: int | None = None,
                      in_doubt: InDoubt | None = None, *,
                      origin: Mapping[str, JSON] | None = None) -> Run:

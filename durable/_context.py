@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -38,6 +40,15 @@ def fencing_scope(run_id: str, key: str | None) -> str:
     """A run's fencing scope (:meth:`Run.scope_of`) as sent in :data:`FENCING_SCOPE_HEADER`:
     percent-encoded, so always ASCII."""
     return quote(Run.scope_of(run_id, key), safe=":/@-._~")
+
+
+def _seconds(value: object, what: str, *, negative: bool = False) -> float:
+    """A number of seconds (or a time) given to a durable wait, checked: finite, not bool."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or (value < 0 and not negative)):
+        raise ConfigError(f"{what}: expected {'a time' if negative else 'seconds >= 0'} "
+                          f"as a finite number, not {value!r}")
+    return float(value)
 
 
 def _where(request: httpx.Request) -> tuple[str, str]:
@@ -151,6 +162,44 @@ class WorkflowContext:
             act = activity
             args = positional(act.fn, args, kwargs, f"activity {act.name}")
         return await self._attempt.steps.run_step(act, args, key)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, durably: the wake time is journaled once (a re-executing
+        attempt finds it and does not sleep again from the start). A wait of the worker's
+        ``durable_wait_threshold`` (2 s by default) or more ends the attempt and releases
+        the run until then: no lease, no concurrency slot held, and a worker restart changes
+        nothing; the run resumes past the sleep without re-running completed steps. Shorter
+        waits (and any wait while a step is in flight) stay in the attempt, cancellable.
+        """
+        await self._attempt.steps.sleep(_seconds(seconds, "ctx.sleep"), None)
+
+    async def sleep_until(self, timestamp: float | dt.datetime) -> None:
+        """Sleep until ``timestamp`` (epoch seconds, or a timezone-aware datetime), durably,
+        as :meth:`sleep` does; a time already passed returns at once."""
+        if isinstance(timestamp, dt.datetime):
+            if timestamp.tzinfo is None:
+                raise ConfigError("ctx.sleep_until: the datetime must be timezone-aware")
+            when = timestamp.timestamp()
+        else:
+            when = _seconds(timestamp, "ctx.sleep_until", negative=True)
+        await self._attempt.steps.sleep(None, when)
+
+    async def wait_for(self, name: str, timeout: float | None = None) -> JSON:
+        """Wait for the signal ``name`` (:meth:`durable.Client.signal`, ``python -m durable
+        signal``) and return its payload.
+
+        Signals are kept until a wait receives them, each once, in the order they were sent:
+        one sent before the wait is received at once. The reception is journaled, so a
+        re-executing attempt gets the same payload. A run that waits holds no lease (it is
+        released, as by a long :meth:`sleep`) and is due again as soon as the signal is
+        recorded. With ``timeout`` (seconds), :class:`durable.SignalTimeout` is raised when
+        no signal came in time (journaled too: a re-execution raises it again).
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"ctx.wait_for: the signal name must be a non-empty string, "
+                              f"not {name!r}")
+        limit = None if timeout is None else _seconds(timeout, "ctx.wait_for timeout")
+        return await self._attempt.steps.wait_for(name, limit)
 
     async def now(self) -> float:
         """The wall-clock time, journaled: a replay sees the same value."""

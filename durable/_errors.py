@@ -141,6 +141,17 @@ class ActivityError(DurableError):
         self.error_type = error_type
 
 
+class SignalTimeout(DurableError):
+    """``ctx.wait_for(name, timeout=...)`` saw no signal ``name`` in time. The workflow may
+    catch it; its firing is journaled, so a re-execution raises it again at the same wait."""
+
+    def __init__(self, message: str, *, name: str, timeout: float | None, step: int) -> None:
+        super().__init__(message)
+        self.name = name
+        self.timeout = timeout
+        self.step = step
+
+
 class NonRetryableError(DurableError):
     """Raise (or subclass) in an activity to fail its step at once, without retrying."""
 

@@ -191,7 +191,7 @@ class Follower:
     def _start(self, run: Run) -> None:
         rows = timeline_rows(run, self.entries)
         view = self.view = _FollowView(self.width, self.color, rows)
-        view.header(run, rows)
+        view.header(run, rows, self.entries)
         view.head()
         self._emit(run, rows, live=False)
 

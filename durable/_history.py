@@ -46,6 +46,18 @@ class StepView:
     died: int = 0
     """Tries since then with no outcome that their attempt never reported: it died (or lost
     its lease) while the step ran."""
+    retry_at: float | None = None
+    """When the step's next try is due after a journaled retry delay (a delay long enough
+    to release the run: the next attempt waits out what is left of it)."""
+    wake_at: float | None = None
+    """``ctx.sleep``: the journaled wake time."""
+    wait_started: bool = False
+    """``ctx.wait_for``: the wait was journaled (its signal name and timeout's time)."""
+    wait_name: str | None = None
+    wait_until: float | None = None
+    wait_timeout: float | None = None
+    timed_out: bool = False
+    """``ctx.wait_for``: its timeout fired (journaled): it raises SignalTimeout again."""
 
     def in_doubt(self, current_epoch: int) -> bool:
         """Started by an earlier attempt with no outcome: the one definition of in doubt."""
@@ -60,6 +72,18 @@ class StepView:
     def fresh_budget(self) -> None:
         """A replay runs the step again: its tries count from here."""
         self.tries_base, self.interrupted, self.died = self.tries, 0, 0
+        self.clear_waits()
+
+    def clear_waits(self) -> None:
+        """A replay that runs a sleep or a wait again starts it afresh (a new wake time, a
+        new timeout), and a retry delay is not waited out again."""
+        self.retry_at = self.wake_at = self.wait_until = self.wait_timeout = None
+        self.wait_started = self.timed_out = False
+        self.wait_name = None
+
+
+_WAITS = frozenset({EntryKind.TIMER_STARTED, EntryKind.TIMER_FIRED, EntryKind.WAIT_STARTED,
+                    EntryKind.SIGNAL_RECEIVED, EntryKind.SIGNAL_TIMEOUT})
 
 
 class History:
@@ -71,6 +95,10 @@ class History:
         """The highest step number given out so far (kept, not searched for)."""
         self.last_seq = 0
         self.replays = 0
+        self.signals_consumed: dict[str, int] = {}
+        """The highest seq of each signal name a ``wait_for`` of this run received, over all
+        its attempts and replays: signals are delivered in order, each once (a replay that
+        runs a wait again waits for a new signal)."""
         self.record_versions: dict[tuple[str, str], int] = {}
         """The latest version of each record this run read (``get_record``) or wrote under
         a condition (``set_records``), over all its attempts and replays: what its next
@@ -133,10 +161,15 @@ class History:
             step.started_at = entry.at
             step.ended_at = None
             step.error = None
+            step.retry_at = None
         elif kind is EntryKind.STEP_RETRYING:
             step.state = None  # that try failed for sure; the next try has not started
             step.error = data.get("error")
             step.error_type = data.get("error_type")
+            retry_at = data.get("retry_at")
+            step.retry_at = None if retry_at is None else float(retry_at)
+        elif kind in _WAITS:
+            self._waited(step, entry)
         elif kind is EntryKind.STEP_COMPLETED or kind is EntryKind.VALUE:
             step.state = StepState.COMPLETED
             step.result = data.get("result")
@@ -162,6 +195,29 @@ class History:
             step.state = StepState.IN_DOUBT
             step.error = data.get("reason")
 
+    def _waited(self, step: StepView, entry: JournalEntry) -> None:
+        """The entries of ``ctx.sleep`` and ``ctx.wait_for`` (durable waiting)."""
+        data, kind = entry.data, entry.kind
+        if kind is EntryKind.TIMER_STARTED:
+            step.wake_at = float(data["until"])
+            step.started_at = entry.at
+        elif kind is EntryKind.WAIT_STARTED:
+            step.wait_started = True
+            step.wait_name = str(data.get("name"))
+            until, timeout = data.get("until"), data.get("timeout")
+            step.wait_until = None if until is None else float(until)
+            step.wait_timeout = None if timeout is None else float(timeout)
+            step.started_at = entry.at
+        else:  # fired, received, timed out: the wait is over
+            step.state = StepState.COMPLETED
+            step.result = data.get("payload") if kind is EntryKind.SIGNAL_RECEIVED else None
+            step.result_known = True
+            step.ended_at = entry.at
+            step.timed_out = kind is EntryKind.SIGNAL_TIMEOUT
+            if kind is EntryKind.SIGNAL_RECEIVED:
+                name, seq = str(data.get("name")), int(data.get("seq") or 0)
+                self.signals_consumed[name] = max(self.signals_consumed.get(name, 0), seq)
+
     def _replayed(self, entry: JournalEntry) -> None:
         self.replays += 1
         from_step = entry.data.get("from_step")
@@ -184,6 +240,8 @@ class History:
             elif step.state is StepState.FAILED:
                 step.state = None
                 step.fresh_budget()
+            if step.state is None:  # a sleep, wait or retry delay left pending: afresh
+                step.clear_waits()
 
     def in_doubt(self, current_epoch: int) -> list[StepView]:
         """Steps started by an earlier attempt with no outcome."""

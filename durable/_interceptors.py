@@ -69,9 +69,10 @@ class AttemptInfo:
 ATTEMPT_OUTCOMES = ("completed", "failed", "cancelled", "released", "abandoned",
                     "superseded", "crashed")
 """What ``intercept_attempt``'s ``call_next`` returns: the run finished (``completed``,
-``failed``, ``cancelled``), was given back (``released``: a shutdown), the lease was lost
-(``abandoned``), the final write was refused (``superseded``: another attempt holds the run
-now), or the engine itself failed (``crashed``, raised rather than returned)."""
+``failed``, ``cancelled``), was given back (``released``: a shutdown, or a durable wait),
+the lease was lost (``abandoned``), the final write was refused (``superseded``: another
+attempt holds the run now), or the engine itself failed (``crashed``, raised rather than
+returned)."""
 
 
 @attrs.frozen

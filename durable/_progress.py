@@ -73,11 +73,13 @@ def declared(history: History) -> Items | None:
     return found
 
 
-def item_state(view: StepView | None, current_epoch: int, *, running: bool) -> ItemState:
+def item_state(view: StepView | None, current_epoch: int, *, running: bool,
+               waiting: bool = False) -> ItemState:
     """The state of one item whose step is ``view`` (None: never started).
 
     ``current_epoch`` is the epoch of the attempt that is running (see
-    :func:`durable._report._current_epoch`); ``running`` whether the run is running.
+    :func:`durable._report._current_epoch`); ``running`` whether the run is running;
+    ``waiting`` whether it is queued after an attempt (released: a long retry delay waits so).
     """
     if view is None:
         return "pending"
@@ -93,6 +95,8 @@ def item_state(view: StepView | None, current_epoch: int, *, running: bool) -> I
     # (step_retrying) by the attempt that is running
     if running and view.tries > 0 and view.epoch == current_epoch:
         return "in_flight"
+    if waiting and view.retry_at is not None:  # the run was released until its next try
+        return "in_flight"
     return "pending"
 
 
@@ -103,7 +107,8 @@ def states_of(run: Run, history: History) -> dict[str, ItemState] | None:
         return None
     current = _current_epoch(run)
     running = run.state is RunState.RUNNING
-    return {key: item_state(history.steps.get(key), current, running=running)
+    waiting = run.state is RunState.QUEUED and run.attempt > 0
+    return {key: item_state(history.steps.get(key), current, running=running, waiting=waiting)
             for key in items.keys()}
 
 

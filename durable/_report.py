@@ -20,14 +20,14 @@ import os
 import re
 import shutil
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 import attrs
 
 from ._errors import ConfigError
 from ._history import History, StepView, tries
-from ._types import JSON, EntryKind, JournalEntry, Run, RunState, StepState
+from ._types import JSON, NEVER, EntryKind, JournalEntry, Run, RunState, StepState
 
 DEFAULT_WIDTH = 100
 """The width of piped output (and of a terminal whose size cannot be read)."""
@@ -238,7 +238,8 @@ def use_color(stream: IO[Any], mode: str = "auto") -> bool:
 
 _SGR = {"completed": "32", "accepted": "32", "failed": "31", "error": "31",
         "retrying": "33", "cancelled": "33", "in_doubt": "35;1", "started": "36",
-        "running": "36", "queued": "36", "dim": "2", "bold": "1"}
+        "running": "36", "queued": "36", "dim": "2", "bold": "1", "sleeping": "34",
+        "waiting": "34", "received": "32", "timed_out": "33"}
 
 Segment = tuple[str, str | None]
 """A piece of a line and its style (a key of the colour table, or None)."""
@@ -275,6 +276,62 @@ _OUTCOME = {
 }
 
 
+_WAIT_KINDS = frozenset({EntryKind.TIMER_STARTED, EntryKind.TIMER_FIRED,
+                         EntryKind.WAIT_STARTED, EntryKind.SIGNAL_RECEIVED,
+                         EntryKind.SIGNAL_TIMEOUT})
+
+_WAIT_END = {
+    EntryKind.TIMER_FIRED: "completed",
+    EntryKind.SIGNAL_RECEIVED: "received",
+    EntryKind.SIGNAL_TIMEOUT: "timed_out",
+}
+
+
+def _wait_row(e: JournalEntry, open_tries: dict[tuple[str, int], dict[str, JSON]],
+              rows: list[dict[str, JSON]]) -> None:
+    """The row of a durable sleep or wait: opened by its start, ended by its firing, its
+    signal or its timeout (docs/design.md, "Durable waiting")."""
+    key = (e.step_key or "", 1)
+    data = e.data
+    if e.kind in (EntryKind.TIMER_STARTED, EntryKind.WAIT_STARTED):
+        sleeping = e.kind is EntryKind.TIMER_STARTED
+        row = _step_row(e, "sleeping" if sleeping else "waiting")
+        row["start"] = e.at
+        row["until"] = data.get("until")
+        if not sleeping:
+            row["signal"] = data.get("name")
+        row["summary"] = _wait_text(data, sleeping)
+        open_tries[key] = row
+        rows.append(row)
+        return
+    opened = open_tries.pop(key, None)
+    row = opened if opened is not None else _step_row(e, _WAIT_END[e.kind])
+    if opened is None:
+        rows.append(row)
+    row["state"] = _WAIT_END[e.kind]
+    row["end"] = e.at
+    if isinstance(row["start"], float):
+        row["took"] = round(e.at - row["start"], 6)
+    if e.kind is EntryKind.SIGNAL_RECEIVED:
+        row["signal"] = data.get("name")
+        row["signal_seq"] = data.get("seq")
+        row["summary"] = f"signal {data.get('name')!r} received (seq {data.get('seq')})"
+    elif e.kind is EntryKind.SIGNAL_TIMEOUT:
+        row["summary"] = f"no signal {data.get('name')!r} by {utc(_num(data.get('until')))}"
+
+
+def _num(value: JSON) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _wait_text(data: Mapping[str, JSON], sleeping: bool) -> str:
+    until = _num(data.get("until"))
+    if sleeping:
+        return f"until {utc(until)}"
+    limit = f"until {utc(until)}" if until is not None else "no timeout"
+    return f"for signal {data.get('name')!r}, {limit}"
+
+
 def timeline_rows(run: Run, entries: Sequence[JournalEntry]) -> list[dict[str, JSON]]:
     """One row per run event and per step try, in journal order (the JSON of ``show``).
 
@@ -302,6 +359,9 @@ def timeline_rows(run: Run, entries: Sequence[JournalEntry]) -> list[dict[str, J
                 rows.extend(_accepted_rows(e, history, before, open_tries))
             continue
         history.apply(e)
+        if e.kind in _WAIT_KINDS:
+            _wait_row(e, open_tries, rows)
+            continue
         key = (e.step_key or "", e.try_number or 1)
         if e.kind is EntryKind.STEP_STARTED:
             row = _step_row(e, "started")
@@ -328,6 +388,10 @@ def timeline_rows(run: Run, entries: Sequence[JournalEntry]) -> list[dict[str, J
             row["retry_in"] = e.data["retry_in"]
     for row in open_tries.values():
         epoch = row["epoch"]
+        if row["state"] in ("sleeping", "waiting"):
+            if run.state.finished:
+                row["note"] = f"the run {run.state.value} meanwhile"
+            continue
         if isinstance(epoch, int) and epoch < current:
             row["state"] = "in_doubt"
             row["note"] = "its attempt ended with no outcome recorded"
@@ -374,7 +438,7 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
     width = max(width, MIN_WIDTH)
     rows = timeline_rows(run, entries)
     view = _View(width, color)
-    view.header(run, rows)
+    view.header(run, rows, entries)
     if step is not None:
         view.step_detail(run, entries, rows, step)
     else:
@@ -404,7 +468,8 @@ class _View:
         self.add((f"{label:<10}", "dim"), *segments)
 
     # -- the run -----------------------------------------------------------------------------
-    def header(self, run: Run, rows: list[dict[str, JSON]]) -> None:
+    def header(self, run: Run, rows: list[dict[str, JSON]],
+               entries: Sequence[JournalEntry] = ()) -> None:
         self.field("run", (run.id, "bold"))
         self.field("workflow", (run.workflow, None), (f"    key {run.key or '-'}", None))
         claims = (f"attempt {run.attempt} (epoch {run.epoch})" if run.attempt
@@ -413,7 +478,11 @@ class _View:
         self.field("args", (one_line(json.dumps(run.args)), None))
         self.field("created", (utc(run.created_at), None))
         if run.state is RunState.QUEUED:
-            self.field("due", (utc(run.run_at), None))
+            waiting = waiting_phrase(run, entries)
+            if waiting:
+                self.field("waiting", (waiting, None))
+            else:
+                self.field("due", (utc(run.run_at), None))
         elif run.state.finished:
             self.field("finished", (utc(run.updated_at), None))
         if run.state is RunState.RUNNING:
@@ -582,6 +651,31 @@ def _refer_to_steps(error: str, rows: list[dict[str, JSON]]) -> str:
     return text
 
 
+def waiting_phrase(run: Run, entries: Sequence[JournalEntry] | None = None,
+                   now: float | None = None) -> str | None:
+    """What a queued run released to wait is waiting for (None for any other run): the
+    signal and its timeout, or the time it sleeps until (a retry delay's due time). With
+    ``entries`` (its journal) the reason is read from its last release; without them (the
+    runs list), a run that started and is due later says when it is due."""
+    if run.state is not RunState.QUEUED or run.attempt == 0:
+        return None
+    if run.waiting_for is not None:
+        until = "no timeout" if run.run_at >= NEVER else f"until {utc(run.run_at)}"
+        return f"for signal {run.waiting_for!r}, {until}"
+    if entries is None:
+        return (f"until {utc(run.run_at)}" if now is not None and run.run_at > now
+                else None)
+    last = next((e for e in reversed(entries) if e.kind in _RELEASES), None)
+    if last is None or last.kind is not EntryKind.RUN_WAITING:
+        return None
+    reason = last.data.get("reason") or "sleep"
+    return f"{'sleeping' if reason == 'sleep' else reason} until {utc(run.run_at)}"
+
+
+_RELEASES = frozenset({EntryKind.RUN_WAITING, EntryKind.RUN_CLAIMED, EntryKind.RUN_INTERRUPTED,
+                       EntryKind.RUN_RECOVERED, EntryKind.RUN_REPLAYED})
+
+
 def _event_phrase(row: dict[str, JSON]) -> str:
     kind = row["event"]
     detail = row["detail"] if isinstance(row["detail"], dict) else {}
@@ -622,6 +716,21 @@ def _event_phrase(row: dict[str, JSON]) -> str:
     if kind == "run_recovered":
         return (f"run recovered: the lease of worker {detail.get('worker') or '?'} expired "
                 f"{when('lease_expired_at')}")
+    if kind == "run_waiting":
+        until = detail.get("until")
+        reason = detail.get("reason") or "sleep"
+        if detail.get("signal") is not None:
+            limit = f"until {when('until')}" if until is not None else "no timeout"
+            what = f"waiting for signal {detail['signal']!r}, {limit}"
+        else:
+            what = f"{'sleeping' if reason == 'sleep' else reason} until {when('until')}"
+        return f"attempt ended to wait without a lease: {what}"
+    if kind == "signal_sent":
+        origin = detail.get("origin") if isinstance(detail.get("origin"), dict) else {}
+        via = origin.get("via") if isinstance(origin, dict) else None
+        ident = f", id {detail['signal_id']!r}" if detail.get("signal_id") else ""
+        return (f"signal {detail.get('name')!r} sent (seq {detail.get('seq')}{ident})"
+                + (f" via {via}" if via else ""))
     if kind == "run_replayed":
         phrase = "replay requested"
         if detail.get("from_step") is not None:

@@ -36,6 +36,7 @@ from ._errors import (
     NonDeterminismError,
     NotJsonError,
     ResultUnknownError,
+    SignalTimeout,
     StepInDoubtError,
 )
 from ._history import History, StepView, tries
@@ -50,6 +51,31 @@ if TYPE_CHECKING:
     from ._report import RecoveryReport
 
     AnyActivity = Activity[..., Any]
+
+
+DEFAULT_WAIT_THRESHOLD = 2.0
+"""Seconds from which a wait (``ctx.sleep``, ``ctx.wait_for``, a retry delay) ends the
+attempt and releases the run until it is due, instead of waiting in the attempt."""
+
+WAIT_SLICE = 0.25
+"""Seconds between two looks of a wait kept in the attempt (at the store's clock, and for a
+signal): short waits only, or waits while steps are in flight."""
+
+
+class Suspended(BaseException):
+    """Raised out of the workflow to end the attempt and release the run to wait without a
+    lease (docs/design.md, "Durable waiting"). A BaseException: ``except Exception`` in
+    workflow code does not stop it."""
+
+    def __init__(self, until: float | None, reason: str, signal: str | None = None,
+                 seen: int = 0) -> None:
+        super().__init__(reason)
+        self.until = until
+        """When the run is due again; None: only when the signal comes."""
+        self.reason = reason
+        self.signal = signal
+        self.seen = seen
+        """The run's signal count when the attempt last looked for the signal."""
 
 
 def describe(exc: BaseException) -> str:
@@ -280,6 +306,98 @@ class Steps:
         return RecoveryReport.build(run, await attempt.store.journal(self.run_id),
                                     console_url=attempt.console_url)
 
+    # -- durable waiting (docs/design.md, "Durable waiting") ------------------------------------
+    def _may_release(self, left: float | None) -> bool:
+        """Whether a wait of ``left`` seconds (None: no end) ends the attempt: long enough,
+        and no step in flight (releasing would cut it off)."""
+        return not self.in_flight and (left is None or left >= self.attempt.wait_threshold)
+
+    async def _wait_until(self, until: float, reason: str) -> None:
+        """Wait until the store's clock reads ``until``: release the run if the wait is
+        long, else sleep in the attempt (cancellable), looking at the clock every slice."""
+        store = self.attempt.store
+        left = until - await store.now()
+        if left > 0 and self._may_release(left):
+            raise Suspended(until, reason)
+        while left > 0:
+            await anyio.sleep(min(left, WAIT_SLICE))
+            left = until - await store.now()
+
+    async def sleep(self, seconds: float | None, until: float | None) -> None:
+        with self.identified("durable.sleep", None) as view:
+            if view.state is StepState.COMPLETED:
+                return
+            if view.wake_at is None:  # first execution: journal the wake time, once
+                now = await self.attempt.store.now()
+                wake = float(until) if until is not None else now + float(seconds or 0.0)
+                await self.attempt.write([JournalWrite(
+                    EntryKind.TIMER_STARTED, view.number, view.key, "durable.sleep", None,
+                    {"until": wake, "seconds": round(wake - now, 6)})])
+                view.wake_at, view.epoch = wake, self.epoch
+            wake = view.wake_at
+            await self._wait_until(wake, "sleep")
+            # rides on the next write: a crash before it only finds the wake time passed
+            self.attempt.defer(JournalWrite(EntryKind.TIMER_FIRED, view.number, view.key,
+                                            "durable.sleep", None, {"until": wake}))
+            view.state, view.result = StepState.COMPLETED, None
+
+    def _timed_out(self, view: StepView) -> SignalTimeout:
+        name = view.wait_name or "?"
+        timeout = view.wait_timeout
+        within = f" within {timeout:g} s" if timeout is not None else ""
+        return SignalTimeout(
+            f"no signal {name!r} arrived{within} (run {self.run_id}, step {view.number})",
+            name=name, timeout=timeout, step=view.number)
+
+    async def wait_for(self, name: str, timeout: float | None) -> JSON:
+        attempt = self.attempt
+        store = attempt.store
+        with self.identified("durable.wait_for", None) as view:
+            if view.state is StepState.COMPLETED:
+                if view.timed_out:
+                    raise self._timed_out(view)
+                return view.result
+            if not view.wait_started:  # first execution: journal what it waits for, once
+                until = None if timeout is None else await store.now() + timeout
+                await attempt.write([JournalWrite(
+                    EntryKind.WAIT_STARTED, view.number, view.key, "durable.wait_for", None,
+                    {"name": name, "until": until, "timeout": timeout})])
+                view.wait_started, view.wait_name = True, name
+                view.wait_until, view.wait_timeout, view.epoch = until, timeout, self.epoch
+            elif view.wait_name != name:
+                err = NonDeterminismError(
+                    f"run {self.run_id}: step {view.number} was journaled as a wait for signal "
+                    f"{view.wait_name!r} but the workflow now waits for {name!r}; the workflow "
+                    "code changed since the run started")
+                self.doom = err
+                raise err
+            until = view.wait_until
+            log = attempt.log.bind(step=view.number, signal=name)
+            while True:
+                after = self.history.signals_consumed.get(name, 0)
+                seen, signal = await store.next_signal(self.run_id, name, after)
+                if signal is not None:
+                    await attempt.write([JournalWrite(
+                        EntryKind.SIGNAL_RECEIVED, view.number, view.key, "durable.wait_for",
+                        None, {"name": name, "seq": signal.seq, "payload": signal.payload,
+                               "sent_at": signal.created_at})])
+                    self.history.signals_consumed[name] = signal.seq
+                    view.state, view.result, view.result_known = (
+                        StepState.COMPLETED, signal.payload, True)
+                    log.info("signal_received", seq=signal.seq)  # never the payload
+                    return signal.payload
+                left = None if until is None else until - await store.now()
+                if left is not None and left <= 0:
+                    await attempt.write([JournalWrite(
+                        EntryKind.SIGNAL_TIMEOUT, view.number, view.key, "durable.wait_for",
+                        None, {"name": name, "until": until})])
+                    view.state, view.timed_out = StepState.COMPLETED, True
+                    log.info("signal_timed_out")
+                    raise self._timed_out(view)
+                if self._may_release(left):
+                    raise Suspended(until, "signal", signal=name, seen=seen)
+                await anyio.sleep(WAIT_SLICE if left is None else min(left, WAIT_SLICE))
+
     # -- activities ----------------------------------------------------------------------------
     def _context(self, view: StepView, try_number: int) -> ActivityContext:
         idem = f"{self.run_id}/{view.key}" + (f"~{view.reruns}" if view.reruns else "")
@@ -396,6 +514,9 @@ class Steps:
                     step=view.number, step_key=view.key, activity=act.name)
                 self.doom = err
                 raise err
+        if view.retry_at is not None:  # a journaled retry delay: wait out what is left
+            await self._wait_until(view.retry_at, f"retry of step {view.number}")
+            view.retry_at = None
         if view.tries_used >= act.retry.max_tries:
             await self._poison(act, view)
         return await self._tries(act, args, view, log)
@@ -454,12 +575,19 @@ class Steps:
                 if retry:
                     delay = act.retry.delay(number, exc, self._rng)
                     data["retry_in"] = round(delay, 3)
+                    release = (delay >= attempt.wait_threshold
+                               and set(self.in_flight) == {view.key})
+                    if release:  # a long delay: the run waits without a lease
+                        view.retry_at = await attempt.store.now() + delay
+                        data["retry_at"] = view.retry_at
                     await attempt.write([JournalWrite(EntryKind.STEP_RETRYING, view.number,
                                                       view.key, act.name, number, data)])
                     del self.in_flight[view.key]
                     view.state, view.error = None, message
                     view.error_type = type(exc).__name__
                     log.info("step_retrying", **{"try": number}, error=message, delay=delay)
+                    if release and view.retry_at is not None:
+                        raise Suspended(view.retry_at, f"retry of step {view.number}") from None
                     await anyio.sleep(delay)
                     continue
                 await self._fail_step(view, act, number, data)

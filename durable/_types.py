@@ -56,6 +56,25 @@ class EntryKind(enum.StrEnum):
     STEP_RETRYING = "step_retrying"
     STEP_IN_DOUBT = "step_in_doubt"
     VALUE = "value"
+    TIMER_STARTED = "timer_started"
+    """``ctx.sleep``: the wake time (``until``), journaled once; a re-execution reuses it."""
+    TIMER_FIRED = "timer_fired"
+    WAIT_STARTED = "wait_started"
+    """``ctx.wait_for``: the signal's ``name`` and the timeout's time (``until``, or None)."""
+    SIGNAL_RECEIVED = "signal_received"
+    """A ``wait_for`` consumed a signal: its ``name``, ``seq`` and ``payload``."""
+    SIGNAL_TIMEOUT = "signal_timeout"
+    SIGNAL_SENT = "signal_sent"
+    """A signal was recorded for the run (``name``, ``seq``, ``signal_id``, ``origin``; the
+    payload is journaled when a ``wait_for`` receives it)."""
+    RUN_WAITING = "run_waiting"
+    """The attempt ended to wait without a lease: ``until`` (None: for a signal only),
+    ``reason`` (``sleep``, ``signal``, ``retry``) and ``signal`` (a name, or None)."""
+
+
+NEVER = 253402300799.0
+"""``run_at`` of a run that waits for a signal without a timeout (9999-12-31T23:59:59Z):
+due only when a signal makes it due."""
 
 
 def dumps(value: JSON, what: str = "value") -> str:
@@ -93,6 +112,10 @@ class Run:
     timeout: float | None = None
     recoveries: int = 0
     """How many times the run's lease expired and the run was recovered (see max_recoveries)."""
+    waiting_for: str | None = None
+    """A queued run released to wait for a signal: the signal's name (its ``run_at`` is the
+    wait's timeout, or :data:`NEVER`). None otherwise; a sleeping run is queued with its
+    wake time as ``run_at``."""
 
     @staticmethod
     def scope_of(run_id: str, key: str | None) -> str:
@@ -130,10 +153,17 @@ class Run:
             error=row["error"],
             timeout=_opt_float(row["timeout"]),
             recoveries=int(row["recoveries"]),
+            waiting_for=_optional(row, "waiting_for"),
         )
 
     def evolve(self, **changes: Any) -> Run:
         return attrs.evolve(self, **changes)
+
+
+def _optional(row: Mapping[str, Any], column: str) -> Any:
+    """A column added by a later migration (absent from rows of an explicit column list)."""
+    keys = row.keys()
+    return row[column] if column in keys else None
 
 
 def _opt_float(value: Any) -> float | None:
@@ -249,3 +279,25 @@ class Record:
     version: int = 1
     """Counts the record's writes (1 after the first); 0 stands for "absent" in a
     compare-and-set (:meth:`durable.store.Store.put_records` ``expected``)."""
+
+
+@attrs.frozen
+class Signal:
+    """A signal sent to a run (:meth:`durable.Client.signal`), as stored."""
+
+    seq: int
+    name: str
+    payload: JSON
+    created_at: float
+    signal_id: str | None = None
+    origin: JSON = None
+
+
+@attrs.frozen
+class SignalSent:
+    """What a store did with a signal: ``state`` is the run's (None: no such run); ``seq``
+    the new signal's number, None when nothing was recorded (its id was already recorded,
+    or the run is finished or missing)."""
+
+    state: RunState | None
+    seq: int | None

@@ -23,6 +23,7 @@ from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
 from ._registry import Registry, Workflow, default_registry
 from ._retention import prune
 from ._schedules import Scheduler
+from ._steps import DEFAULT_WAIT_THRESHOLD
 from ._types import Fence, Run
 from .store import Store
 
@@ -84,6 +85,7 @@ class Worker:
         schedule_interval: float = 1.0,
         prune_older_than: float | None = None,
         prune_interval: float = 3600.0,
+        durable_wait_threshold: float = DEFAULT_WAIT_THRESHOLD,
     ) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be at least 1")
@@ -91,6 +93,12 @@ class Worker:
             raise ConfigError("http_connections must be at least 1")
         if lease <= 0 or poll_interval <= 0 or grace < 0:
             raise ConfigError("lease and poll interval must be positive, grace not negative")
+        if not durable_wait_threshold >= 0:
+            raise ConfigError("durable_wait_threshold must be 0 or more seconds")
+        self.durable_wait_threshold = durable_wait_threshold
+        """Waits (``ctx.sleep``, ``ctx.wait_for``, retry delays) of this many seconds or more
+        end the attempt and release the run until it is due (docs/design.md, "Durable
+        waiting"); shorter ones wait in the attempt."""
         self.store = store
         self.registry = registry or default_registry
         explicit = list(workflows)
@@ -273,7 +281,8 @@ class Worker:
         attempt = Attempt(self.store, run, self.registry, lease=self.lease, lease_sent_at=sent,
                           lease_sent_boot=sent_boot,
                           transport=transport, worker_id=self.worker_id,
-                          console_url=self.console_url, chain=self._chain)
+                          console_url=self.console_url, chain=self._chain,
+                          wait_threshold=self.durable_wait_threshold)
         self.active[attempt.fence] = attempt
         attempt.log.info("run_claimed", worker=self.worker_id)
         runs.start_soon(self._execute, attempt, name=f"durable run {run.id}")

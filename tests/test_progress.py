@@ -247,4 +247,6 @@ async def test_an_item_waiting_to_be_tried_again_is_in_flight(
 
 async def _retrying(client: durable.Client, run_id: str) -> list[durable.JournalEntry] | None:
     journal = await client.journal(run_id)
-    return journal if journal[-1].kind is EntryKind.STEP_RETRYING else None
+    # a 60 s delay releases the run to wait for the next try (durable waiting)
+    last = [e.kind for e in journal if e.kind is not EntryKind.RUN_WAITING][-1]
+    return journal if last is EntryKind.STEP_RETRYING else None

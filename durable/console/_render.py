@@ -19,7 +19,7 @@ import attrs
 from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
-from .._report import RecoveryReport, _current_epoch, duration, utc
+from .._report import RecoveryReport, _current_epoch, duration, utc, waiting_phrase
 from .._retention import PrunedRun
 from .._types import EntryKind, JournalEntry, Record, Run, RunState
 
@@ -226,7 +226,11 @@ def header(d: RunDetail) -> str:
         lease = (f"{when(run.lease_expires_at, ago=False)} "
                  f"({countdown(run.lease_expires_at)})")
     delayed = ""
-    if run.state is RunState.QUEUED and run.run_at > d.now:
+    waiting = waiting_phrase(run, d.entries)  # released to wait (durable waiting)
+    if waiting:
+        delayed = (f'<p class="delayed-start">Waiting {text(waiting)}; it holds no lease and '
+                   "can be cancelled meanwhile.</p>")
+    elif run.state is RunState.QUEUED and run.run_at > d.now:
         delayed = (f'<p class="delayed-start">Starts {countdown(run.run_at)} '
                    f"(at {when(run.run_at, ago=False)}); it can be cancelled until then.</p>")
     cancel = (' <span class="badge cancel-requested">cancel requested</span>'

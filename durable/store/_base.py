@@ -33,9 +33,11 @@ from .._types import (
     Renewal,
     Run,
     RunState,
+    Signal,
+    SignalSent,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10
@@ -345,12 +347,36 @@ class Store(abc.ABC):
         """Move a held run to a final state with its last journal entries, atomically."""
 
     @abc.abstractmethod
-    async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
-        """Give a held run back to the queue at once (graceful shutdown).
+    async def release(self, fence: Fence, entries: Sequence[JournalWrite] = (), *,
+                      run_at: float | None = None, waiting_for: str | None = None,
+                      seen_signals: int = 0) -> bool:
+        """Give a held run back to the queue (graceful shutdown: due at once).
 
         A run with a pending operator cancel is not queued: it ends ``cancelled`` (with a
-        ``run_cancelled`` entry after ``entries``).
+        ``run_cancelled`` entry after ``entries``). ``run_at``: due then instead (a durable
+        sleep or retry delay, a wait's timeout). ``waiting_for``: it waits for the signal of
+        that name (:attr:`Run.waiting_for`); if the run received any signal after its
+        attempt counted ``seen_signals``, it is due at once (judged in the statement).
         """
+
+    # -- signals (docs/design.md, "Durable waiting") -------------------------------------------
+    @abc.abstractmethod
+    async def send_signal(self, run_id: str, name: str, payload: JSON,
+                          signal_id: str | None = None,
+                          by: Mapping[str, JSON] | None = None) -> SignalSent:
+        """Record a signal for a queued or running run, in one transaction with its
+        ``signal_sent`` journal entry (``by`` as its origin), unless ``signal_id`` was
+        already recorded for the run; a run waiting for ``name`` becomes due at once."""
+
+    @abc.abstractmethod
+    async def next_signal(self, run_id: str, name: str,
+                          after: int) -> tuple[int, Signal | None]:
+        """The run's signal count (read first), then its oldest signal ``name`` with
+        ``seq > after`` (None when there is none)."""
+
+    @abc.abstractmethod
+    async def list_signals(self, run_id: str) -> list[Signal]:
+        """Every signal recorded for the run, in order."""
 
     @abc.abstractmethod
     async def recover_stale(

@@ -67,6 +67,8 @@ from .._types import (
     Renewal,
     Run,
     RunState,
+    Signal,
+    SignalSent,
     dumps,
     loads,
 )
@@ -689,10 +691,13 @@ class PostgresStore(Store):
         if row["id"] in signals.waited:
             signals.settle(Run.from_row(row))
 
-    async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
+    async def release(self, fence: Fence, entries: Sequence[JournalWrite] = (), *,
+                      run_at: float | None = None, waiting_for: str | None = None,
+                      seen_signals: int = 0) -> bool:
         params = _fence_params(fence, self._now()) | _entry_arrays(entries) | {
             "schema": self.schema, "cancelled_error": CANCELLED_AT_RELEASE,
-            "cancel_data": dumps({"by": "operator", "at": "release"})}
+            "cancel_data": dumps({"by": "operator", "at": "release"}),
+            "run_at": run_at, "waiting_for": waiting_for, "seen_signals": seen_signals}
         row = await self._row(Q["release_run"], params)
         return row is not None and row["done"] == 1
 
@@ -731,6 +736,32 @@ class PostgresStore(Store):
                   "data": dumps(data, "the origin of a replay")}
         row = await self._row(Q["requeue"], params)
         return None if row is None else Run.from_row(row)
+
+    # -- signals -----------------------------------------------------------------------------
+    async def send_signal(self, run_id: str, name: str, payload: JSON,
+                          signal_id: str | None = None,
+                          by: Mapping[str, JSON] | None = None) -> SignalSent:
+        params = {"run_id": run_id, "name": name, "signal_id": signal_id,
+                  "payload": dumps(payload, "a signal's payload"), "now": self._now(),
+                  "origin": None if by is None else dumps(dict(by), "the origin of a signal"),
+                  "data": dumps(operator_data({"name": name, "signal_id": signal_id}, by),
+                                "the origin of a signal")}
+        row = await self._row(Q["send_signal"], params)
+        if row is None:
+            return SignalSent(None, None)
+        return SignalSent(RunState(row["state"]), None if row["seq"] is None else int(row["seq"]))
+
+    async def next_signal(self, run_id: str, name: str,
+                          after: int) -> tuple[int, Signal | None]:
+        row = await self._row(Q["next_signal"], {"run_id": run_id, "name": name,
+                                                 "after": after})
+        if row is None:
+            return 0, None
+        count = 0 if row["count"] is None else int(row["count"])
+        return count, None if row["seq"] is None else _signal(row)
+
+    async def list_signals(self, run_id: str) -> list[Signal]:
+        return [_signal(r) for r in await self._rows(Q["list_signals"], {"run_id": run_id})]
 
     # -- records -----------------------------------------------------------------------------
     async def put_records(
@@ -976,6 +1007,7 @@ class PostgresStore(Store):
             if pruned:
                 params["ids"] = [p.id for p in pruned]
                 await conn.execute(Q["prune_journal"], params)
+                await conn.execute(Q["prune_signals"], params)
                 await conn.execute(Q["prune_delete_runs"], params)
         return pruned
 
@@ -1061,6 +1093,11 @@ def _entry_arrays(entries: Sequence[JournalWrite]) -> dict[str, list[Any]]:
         "datas": [None if e.data is None else dumps(dict(e.data), "journal data")
                   for e in entries],
     }
+
+
+def _signal(row: Mapping[str, Any]) -> Signal:
+    return Signal(int(row["seq"]), row["name"], loads(row["payload"]), float(row["created_at"]),
+                  row.get("signal_id"), loads(row["origin"]))
 
 
 def _record(row: Mapping[str, Any]) -> Record:

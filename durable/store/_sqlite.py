@@ -40,6 +40,8 @@ from .._types import (
     Renewal,
     Run,
     RunState,
+    Signal,
+    SignalSent,
     dumps,
     loads,
 )
@@ -503,11 +505,14 @@ class SqliteStore(Store):
 
         return await self._fenced(tx)
 
-    async def release(self, fence: Fence, entries: Sequence[JournalWrite] = ()) -> bool:
+    async def release(self, fence: Fence, entries: Sequence[JournalWrite] = (), *,
+                      run_at: float | None = None, waiting_for: str | None = None,
+                      seen_signals: int = 0) -> bool:
         now = self.clock.now()
         rows = [_entry_params(fence, e, now) for e in entries]
         params = {"run_id": fence.run_id, "epoch": fence.epoch, "now": now,
-                  "cancelled_error": CANCELLED_AT_RELEASE}
+                  "cancelled_error": CANCELLED_AT_RELEASE, "run_at": run_at,
+                  "waiting_for": waiting_for, "seen_signals": seen_signals}
 
         def tx(conn: sqlite3.Connection) -> bool:
             for entry in rows:
@@ -642,6 +647,55 @@ class SqliteStore(Store):
             return run
 
         return await self._run(tx)
+
+    # -- signals -----------------------------------------------------------------------------
+    async def send_signal(self, run_id: str, name: str, payload: JSON,
+                          signal_id: str | None = None,
+                          by: Mapping[str, JSON] | None = None) -> SignalSent:
+        now = self.clock.now()
+        params = {"run_id": run_id, "name": name, "signal_id": signal_id,
+                  "payload": dumps(payload, "a signal's payload"), "now": now,
+                  "origin": None if by is None else dumps(dict(by), "the origin of a signal")}
+
+        def tx(conn: sqlite3.Connection) -> SignalSent:
+            run = conn.execute(Q["signal_run"], params).fetchone()
+            if run is None:
+                return SignalSent(None, None)
+            state = RunState(run["state"])
+            if state.finished:
+                return SignalSent(state, None)
+            row = conn.execute(Q["insert_signal"], params).fetchone()
+            if row is None:
+                return SignalSent(state, None)
+            seq = int(row["seq"])
+            conn.execute(Q["signal_wakes"], params)
+            data = operator_data({"name": name, "seq": seq, "signal_id": signal_id}, by)
+            conn.execute(Q["append_unfenced"], _entry_params(
+                Fence(run_id, int(run["epoch"])), JournalWrite(EntryKind.SIGNAL_SENT, data=data),
+                now))
+            return SignalSent(state, seq)
+
+        return await self._run(tx)
+
+    async def next_signal(self, run_id: str, name: str,
+                          after: int) -> tuple[int, Signal | None]:
+        params = {"run_id": run_id, "name": name, "after": after}
+
+        def read(conn: sqlite3.Connection) -> tuple[int, Signal | None]:
+            # the count first: a signal committed between the two reads is either found
+            # or counted, so a release on this count never sleeps through it
+            counted = conn.execute(Q["signal_count"], params).fetchone()
+            row = conn.execute(Q["next_signal"], params).fetchone()
+            return (0 if counted is None else int(counted[0]),
+                    None if row is None else _signal(row))
+
+        return await self._run(read, write=False)
+
+    async def list_signals(self, run_id: str) -> list[Signal]:
+        def read(conn: sqlite3.Connection) -> list[Signal]:
+            return [_signal(r) for r in conn.execute(Q["list_signals"], {"run_id": run_id})]
+
+        return await self._run(read, write=False)
 
     # -- records -----------------------------------------------------------------------------
     async def put_records(
@@ -781,6 +835,7 @@ class SqliteStore(Store):
             if pruned:
                 ids = json.dumps([p.id for p in pruned])
                 conn.execute(Q["prune_journal"], {"ids": ids})
+                conn.execute(Q["prune_signals"], {"ids": ids})
                 conn.execute(Q["prune_delete_runs"], {**params, "ids": ids})
             return pruned
 
@@ -831,6 +886,12 @@ def _insert_run(conn: sqlite3.Connection, new: NewRun, now: float) -> tuple[Run,
                  _entry_params(Fence(run.id, 0), JournalWrite(EntryKind.RUN_CREATED, data=data),
                                now))
     return run, True
+
+
+def _signal(row: Mapping[str, Any]) -> Signal:
+    keys = row.keys()
+    return Signal(int(row["seq"]), row["name"], loads(row["payload"]), float(row["created_at"]),
+                  row["signal_id"] if "signal_id" in keys else None, loads(row["origin"]))
 
 
 def _record(row: Mapping[str, Any]) -> Record:

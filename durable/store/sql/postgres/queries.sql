@@ -128,7 +128,8 @@ WITH candidates AS (
         worker = %(worker)s,
         lease_expires_at = %(now)s + %(lease)s,
         heartbeat_at = %(now)s,
-        updated_at = %(now)s
+        updated_at = %(now)s,
+        waiting_for = NULL
     FROM candidates AS c
     WHERE d.id = c.id AND d.state = 'queued'
     RETURNING d.*
@@ -250,7 +251,14 @@ WITH run AS (
     UPDATE durable_runs
     SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
         error = CASE WHEN cancel_requested THEN %(cancelled_error)s ELSE error END,
-        worker = NULL, lease_expires_at = NULL, run_at = %(now)s, updated_at = %(now)s
+        worker = NULL, lease_expires_at = NULL, updated_at = %(now)s,
+        -- released to wait (docs/design.md "Durable waiting"): due at %(run_at)s; waiting
+        -- for a signal: due at once if one came since the attempt counted %(seen_signals)s
+        -- (this row's count, re-read after a concurrent signal's lock)
+        run_at = CASE WHEN %(waiting_for)s::text IS NOT NULL
+                           AND signals > %(seen_signals)s::integer THEN %(now)s
+                      ELSE coalesce(%(run_at)s::double precision, %(now)s) END,
+        waiting_for = %(waiting_for)s::text
     WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
       AND lease_expires_at > %(now)s
     RETURNING id, epoch, state
@@ -340,7 +348,8 @@ SELECT * FROM durable_journal WHERE run_id = %(run_id)s AND seq > %(after)s ORDE
 WITH run AS (
     UPDATE durable_runs
     SET state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
-        error = CASE WHEN state = 'queued' THEN 'cancelled before it started' ELSE error END,
+        error = CASE WHEN state = 'queued' AND attempt = 0 THEN 'cancelled before it started'
+                     WHEN state = 'queued' THEN 'cancelled while waiting' ELSE error END,
         cancel_requested = (state = 'running') OR cancel_requested,
         updated_at = %(now)s
     WHERE id = %(run_id)s AND state IN ('queued', 'running')
@@ -524,6 +533,10 @@ RETURNING *;
 -- name: prune_journal
 DELETE FROM durable_journal WHERE run_id = ANY (%(ids)s::text[]);
 
+-- name: prune_signals
+-- A pruned run's signals (durable waiting) go with its journal.
+DELETE FROM durable_signals WHERE run_id = ANY (%(ids)s::text[]);
+
 -- name: prune_delete_runs
 DELETE FROM durable_runs
 WHERE id = ANY (%(ids)s::text[]) AND state = %(state)s AND updated_at < %(cutoff)s;
@@ -545,3 +558,44 @@ INSERT INTO durable_journal (run_id, epoch, kind, at, data)
 SELECT e.run_id, e.epoch, e.kind, e.at, '{}'
 FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(kinds)s::text[],
             %(ats)s::double precision[]) AS e(run_id, epoch, kind, at);
+
+-- name: send_signal
+-- One statement: the run is locked, the signal recorded (unless its signal_id already was,
+-- or the run is finished), counted on the run, a run waiting for it made due (the update
+-- trigger sends NOTIFY), and the signal_sent entry journaled.
+WITH run AS (
+    SELECT id, epoch, state FROM durable_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
+), ins AS (
+    INSERT INTO durable_signals (run_id, name, signal_id, payload, created_at, origin)
+    SELECT id, %(name)s, %(signal_id)s, %(payload)s, %(now)s, %(origin)s FROM run
+    WHERE state IN ('queued', 'running')
+    ON CONFLICT (run_id, signal_id) DO NOTHING
+    RETURNING seq, run_id
+), woke AS (
+    UPDATE durable_runs AS d
+    SET signals = d.signals + 1,
+        run_at = CASE WHEN d.state = 'queued' AND d.waiting_for = %(name)s::text
+                      THEN least(d.run_at, %(now)s) ELSE d.run_at END
+    FROM ins WHERE d.id = ins.run_id
+    RETURNING d.id
+), journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, at, data)
+    SELECT run.id, run.epoch, 'signal_sent', %(now)s,
+           (%(data)s::jsonb || jsonb_build_object('seq', ins.seq))::text
+    FROM run JOIN ins ON ins.run_id = run.id
+)
+SELECT run.state, (SELECT seq FROM ins) AS seq FROM run;
+
+-- name: next_signal
+-- The run's signal count and its oldest signal of a name after the last one it consumed,
+-- in one snapshot.
+SELECT (SELECT signals FROM durable_runs WHERE id = %(run_id)s) AS count, s.*
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT seq, name, payload, created_at, origin FROM durable_signals
+    WHERE run_id = %(run_id)s AND name = %(name)s AND seq > %(after)s
+    ORDER BY seq LIMIT 1) AS s ON true;
+
+-- name: list_signals
+SELECT seq, name, signal_id, payload, created_at, origin FROM durable_signals
+WHERE run_id = %(run_id)s ORDER BY seq;

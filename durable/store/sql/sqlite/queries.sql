@@ -74,7 +74,8 @@ SET state = 'running',
     worker = :worker,
     lease_expires_at = :now + :lease,
     heartbeat_at = :now,
-    updated_at = :now
+    updated_at = :now,
+    waiting_for = NULL
 WHERE +state = 'queued'  -- unary +: look the chosen ids up by primary key, not the queue
   AND id IN (
     SELECT r.id FROM durable_runs AS r
@@ -124,11 +125,16 @@ SET state = :state, result = :result, error = :error, updated_at = :now,
 WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND lease_expires_at > :now;
 
 -- name: release_run
--- A run whose cancel was requested is not queued again: it ends cancelled.
+-- A run whose cancel was requested is not queued again: it ends cancelled. A run released
+-- to wait (:run_at, docs/design.md "Durable waiting") is due then; one waiting for a signal
+-- (:waiting_for) is due at once if a signal came since its attempt looked (:seen_signals).
 UPDATE durable_runs
 SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
     error = CASE WHEN cancel_requested THEN :cancelled_error ELSE error END,
-    worker = NULL, lease_expires_at = NULL, run_at = :now, updated_at = :now
+    worker = NULL, lease_expires_at = NULL, updated_at = :now,
+    run_at = CASE WHEN :waiting_for IS NOT NULL AND signals > :seen_signals THEN :now
+                  ELSE coalesce(:run_at, :now) END,
+    waiting_for = :waiting_for
 WHERE id = :run_id AND epoch = :epoch AND state = 'running' AND lease_expires_at > :now
 RETURNING id, epoch, state, error;
 
@@ -186,7 +192,8 @@ SELECT * FROM durable_journal WHERE run_id = :run_id AND seq > :after ORDER BY s
 -- One statement: a queued run is cancelled at once, a running one is flagged.
 UPDATE durable_runs
 SET state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
-    error = CASE WHEN state = 'queued' THEN 'cancelled before it started' ELSE error END,
+    error = CASE WHEN state = 'queued' AND attempt = 0 THEN 'cancelled before it started'
+                 WHEN state = 'queued' THEN 'cancelled while waiting' ELSE error END,
     cancel_requested = CASE WHEN state = 'running' THEN 1 ELSE cancel_requested END,
     updated_at = :now
 WHERE id = :run_id AND state IN ('queued', 'running')
@@ -342,6 +349,10 @@ RETURNING *;
 -- name: prune_journal
 DELETE FROM durable_journal WHERE run_id IN (SELECT value FROM json_each(:ids));
 
+-- name: prune_signals
+-- A pruned run's signals (durable waiting) go with its journal.
+DELETE FROM durable_signals WHERE run_id IN (SELECT value FROM json_each(:ids));
+
 -- name: prune_delete_runs
 DELETE FROM durable_runs
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = :state AND updated_at < :cutoff;
@@ -358,3 +369,35 @@ VALUES (:id, :workflow, '[]', :key, :state, 1, 1, :created_at, :created_at, :end
 -- name: seed_entry
 INSERT INTO durable_journal (run_id, epoch, kind, at, data)
 VALUES (:id, :epoch, :kind, :at, '{}');
+
+-- name: signal_run
+-- The run a signal is sent to (its state decides whether the signal is recorded).
+SELECT id, epoch, state FROM durable_runs WHERE id = :run_id;
+
+-- name: insert_signal
+-- Idempotent by (run_id, signal_id); a NULL signal_id is never a duplicate.
+INSERT INTO durable_signals (run_id, name, signal_id, payload, created_at, origin)
+VALUES (:run_id, :name, :signal_id, :payload, :now, :origin)
+ON CONFLICT (run_id, signal_id) DO NOTHING
+RETURNING seq;
+
+-- name: signal_wakes
+-- Counted on the run (a release compares the count); a run waiting for this signal is due.
+UPDATE durable_runs
+SET signals = signals + 1,
+    run_at = CASE WHEN state = 'queued' AND waiting_for = :name THEN min(run_at, :now)
+                  ELSE run_at END
+WHERE id = :run_id;
+
+-- name: signal_count
+SELECT signals FROM durable_runs WHERE id = :run_id;
+
+-- name: next_signal
+-- The oldest signal of a name after the last one the run consumed (delivered in order).
+SELECT seq, name, payload, created_at, origin FROM durable_signals
+WHERE run_id = :run_id AND name = :name AND seq > :after
+ORDER BY seq LIMIT 1;
+
+-- name: list_signals
+SELECT seq, name, signal_id, payload, created_at, origin FROM durable_signals
+WHERE run_id = :run_id ORDER BY seq;

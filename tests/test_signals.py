@@ -1,0 +1,343 @@
+"""Signals: ``ctx.wait_for`` receives what ``Client.signal`` and ``python -m durable signal``
+send, each signal once and in order, kept until waited for; a waiting run holds no lease;
+timeouts raise ``durable.SignalTimeout``; a signal id makes a send idempotent
+(docs/design.md, "Durable waiting"). SQLite and PostgreSQL, asyncio and trio."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import durable
+from durable import RunState
+from durable._clock import FakeClock
+from durable._report import render_timeline
+from durable._types import NEVER, EntryKind, Fence, JournalWrite, NewRun
+from durable.store import Store, store_from_url
+
+from . import waitflows
+from .conftest import ROOT, subprocess_env
+from .helpers import kinds, poll, python_process, running_worker
+from .pg import pg_url, postgres_server
+from .waiting import client, clock, store_url
+
+__all__ = ["client", "clock", "pg_url", "postgres_server", "store_url"]
+
+pytestmark = pytest.mark.anyio
+
+
+def declare(registry: durable.Registry) -> list[str]:
+    ran: list[str] = []
+
+    @durable.activity("s.mark", registry=registry)
+    async def mark(ctx: durable.ActivityContext, name: str) -> str:
+        ran.append(name)
+        return name
+
+    @durable.workflow("s.one", registry=registry)
+    async def one(ctx: durable.WorkflowContext) -> Any:
+        await mark(ctx, "asked")
+        answer = await ctx.wait_for("approve")
+        await mark(ctx, "answered")
+        return answer
+
+    @durable.workflow("s.three", registry=registry)
+    async def three(ctx: durable.WorkflowContext) -> list[Any]:
+        return [await ctx.wait_for("n") for _ in range(3)]
+
+    @durable.workflow("s.twice", registry=registry)
+    async def twice(ctx: durable.WorkflowContext) -> list[Any]:
+        first = await ctx.wait_for("go")
+        try:
+            second = await ctx.wait_for("go", timeout=30)
+        except durable.SignalTimeout as exc:
+            second = f"timeout: {exc.name} after {exc.timeout:g} s"
+        await mark(ctx, "after")
+        return [first, second]
+
+    @durable.workflow("s.timeout", registry=registry)
+    async def timeout(ctx: durable.WorkflowContext, seconds: float) -> str:
+        try:
+            await ctx.wait_for("never", timeout=seconds)
+        except durable.SignalTimeout:
+            await mark(ctx, "timed out")
+        await ctx.sleep(3600)  # released again: the re-execution must time out the same way
+        return "done"
+
+    return ran
+
+
+async def waiting(client: durable.Client, run_id: str, name: str,
+                  attempt: int = 1) -> durable.Run:
+    """The run once its attempt ``attempt`` released it to wait for the signal ``name``."""
+    async def check() -> durable.Run | None:
+        run = await client.store.get_run(run_id)
+        return run if (run and run.state is RunState.QUEUED and run.waiting_for == name
+                       and run.attempt == attempt) else None
+
+    found: durable.Run = await poll(check, timeout=15)
+    return found
+
+
+async def test_a_signal_during_the_wait_wakes_a_run_that_holds_no_lease(
+        client: durable.Client, registry: durable.Registry) -> None:
+    ran = declare(registry)
+    async with running_worker(client, registry) as worker:
+        await client.start("s.one", id="gate")
+        run = await waiting(client, "gate", "approve")
+        # released: no lease, no worker, no slot; due only when the signal comes
+        assert run.worker is None and run.lease_expires_at is None and run.run_at == NEVER
+        assert worker.active == {}
+        assert await client.signal("gate", "approve", {"by": "alice"},
+                                   origin={"via": "test"}) is True
+        done = await client.wait("gate", timeout=15)  # no clock moved: due at once
+    assert done.state is RunState.COMPLETED and done.result == {"by": "alice"}
+    assert ran == ["asked", "answered"]
+    journal = await client.store.journal("gate")
+    [sent] = [e for e in journal if e.kind is EntryKind.SIGNAL_SENT]
+    assert sent.data["origin"] == {"via": "test"} and "payload" not in sent.data
+    [received] = [e for e in journal if e.kind is EntryKind.SIGNAL_RECEIVED]
+    assert received.data["payload"] == {"by": "alice"} and received.data["seq"] == sent.data["seq"]
+
+
+async def test_signals_sent_before_the_wait_are_kept_and_delivered_in_order_once(
+        client: durable.Client, registry: durable.Registry) -> None:
+    declare(registry)
+    await client.start("s.three", id="three")
+    for n in (1, 2, 3, 4):
+        assert await client.signal("three", "n", n)
+    await client.signal("three", "other", "ignored")
+    async with running_worker(client, registry):
+        done = await client.wait("three", timeout=15)
+    assert done.result == [1, 2, 3]
+    assert kinds(await client.store.journal("three")).count("signal_received") == 3
+    assert [s.payload for s in await client.store.list_signals("three")] == [
+        1, 2, 3, 4, "ignored"]
+
+
+async def test_one_signal_id_twice_is_one_signal(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    ran = declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.twice", id="twice")
+        await waiting(client, "twice", "go")
+        assert await client.signal("twice", "go", "first", id="click-1") is True
+        assert await client.signal("twice", "go", "again", id="click-1") is False
+        run = await waiting(client, "twice", "go", attempt=2)  # the second wait: nothing
+        assert run.run_at == pytest.approx(clock.now() + 30)
+        clock.advance(30)
+        done = await client.wait("twice", timeout=15)
+    assert done.result == ["first", "timeout: go after 30 s"] and ran == ["after"]
+    assert [s.signal_id for s in await client.store.list_signals("twice")] == ["click-1"]
+    assert kinds(await client.store.journal("twice")).count("signal_sent") == 1
+
+
+async def test_a_signal_sent_while_no_worker_runs_is_received_after_a_restart(
+        client: durable.Client, registry: durable.Registry) -> None:
+    ran = declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.one", id="gate")
+        await waiting(client, "gate", "approve")
+    assert await client.signal("gate", "approve", "yes")
+    run = await client.store.get_run("gate")
+    assert run is not None and run.state is RunState.QUEUED and run.run_at < NEVER
+    async with running_worker(client, registry):
+        done = await client.wait("gate", timeout=15)
+    assert done.result == "yes" and ran == ["asked", "answered"]
+
+
+async def test_a_timeout_is_journaled_and_raised_again_on_re_execution(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    ran = declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.timeout", 60.0, id="t")
+        run = await waiting(client, "t", "never")
+        assert run.run_at == pytest.approx(clock.now() + 60)
+        clock.advance(60)
+        await poll(lambda: _sleeping(client, "t"), timeout=15)
+        await client.signal("t", "never", "too late")  # after the timeout fired: not received
+        clock.advance(3600)
+        done = await client.wait("t", timeout=15)
+    assert done.result == "done" and ran == ["timed out"]
+    journal = kinds(await client.store.journal("t"))
+    assert journal.count("signal_timeout") == 1 and "signal_received" not in journal
+
+
+async def _sleeping(client: durable.Client, run_id: str) -> bool:
+    run = await client.store.get_run(run_id)
+    return (run is not None and run.state is RunState.QUEUED and run.waiting_for is None
+            and run.attempt == 2)
+
+
+async def test_signals_to_finished_or_unknown_runs_are_refused(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.one", id="gate")
+        await waiting(client, "gate", "approve")
+        await client.cancel("gate")
+    run = await client.get("gate")
+    assert run.state is RunState.CANCELLED and run.error == "cancelled while waiting"
+    with pytest.raises(durable.InvalidStateError, match="already cancelled"):
+        await client.signal("gate", "approve")
+    with pytest.raises(durable.RunNotFoundError):
+        await client.signal("nope", "approve")
+    with pytest.raises(durable.ConfigError):
+        await client.signal("gate", "", None)
+    assert await client.store.list_signals("gate") == []
+
+
+async def test_a_signal_between_the_look_and_the_release_makes_the_run_due(
+        store_url: str, clock: FakeClock) -> None:
+    """The attempt looked (no signal, count 0), then a signal came, then it released the run
+    to wait: the release must see the new count and leave the run due, not asleep forever."""
+    store = store_from_url(store_url, clock=clock)
+    await store.open()
+    try:
+        await store.create_run(NewRun("r", "wf", [], None, clock.now()))
+        [run] = await store.claim("w", 30.0, 1)
+        seen, found = await store.next_signal("r", "go", 0)
+        assert (seen, found) == (0, None)
+        sent = await store.send_signal("r", "go", "payload", None, None)
+        assert sent.state is RunState.RUNNING and sent.seq is not None
+        assert await store.release(Fence("r", run.epoch), [JournalWrite(EntryKind.RUN_WAITING)],
+                                   run_at=NEVER, waiting_for="go", seen_signals=seen)
+        after = await store.get_run("r")
+        assert after is not None and after.state is RunState.QUEUED
+        assert after.run_at == clock.now() and after.waiting_for == "go"
+        # and a wait released with the count it saw stays asleep until the signal
+        await store.create_run(NewRun("q", "wf", [], None, clock.now()))
+        [other] = await store.claim("w", 30.0, 1, run_id="q")
+        assert await store.release(Fence("q", other.epoch), run_at=NEVER, waiting_for="go",
+                                   seen_signals=0)
+        assert (await _run(store, "q")).run_at == NEVER
+        assert (await store.send_signal("q", "go", 1, "a", {"via": "x"})).seq is not None
+        assert (await _run(store, "q")).run_at == clock.now()
+    finally:
+        await store.aclose()
+
+
+async def _run(store: Store, run_id: str) -> durable.Run:
+    run = await store.get_run(run_id)
+    assert run is not None
+    return run
+
+
+# -- the command line and a real worker process ---------------------------------------------
+def cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "durable", *args, "--db", db_url],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=60)
+
+
+async def test_cli_signal_reaches_a_run_across_a_worker_sigkill(
+        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    log = tmp_path / "log"
+    async with durable.Client.connect(db_url) as client:
+        await client.start(waitflows.approval, str(log), id="gate")
+        args = ["-m", "durable.worker", "--db", db_url, "--import", "tests.waitflows",
+                "--poll", "0.05", "--log-level", "warning", "--backend", anyio_backend]
+        with python_process(args, tmp_path / "w1.log") as proc:
+            await waiting(client, "gate", "approve")
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        sent = await anyio.to_thread.run_sync(
+            lambda: cli(db_url, "signal", "gate", "approve", '"ship it"', "--id", "c1"))
+        assert sent.returncode == 0, sent.stderr
+        assert "signal 'approve' recorded" in sent.stdout
+        again = await anyio.to_thread.run_sync(
+            lambda: cli(db_url, "signal", "gate", "approve", '"ship it"', "--id", "c1"))
+        assert again.returncode == 0 and "already recorded" in again.stdout
+        with python_process(args, tmp_path / "w2.log"):
+            done = await client.wait("gate", timeout=30)
+        journal = await client.store.journal("gate")
+    assert done.state is RunState.COMPLETED and done.result == "ship it"
+    assert log.read_text().splitlines() == ["asked", "got-ship it"]
+    [sent_entry] = [e for e in journal if e.kind is EntryKind.SIGNAL_SENT]
+    assert sent_entry.data["origin"]["via"] == "cli"
+
+
+async def test_cli_signal_mistakes_are_one_line_and_write_nothing(
+        db_url: str, tmp_path: Path) -> None:
+    async with durable.Client.connect(db_url) as client:
+        await client.start(waitflows.approval, str(tmp_path / "log"), id="gate")
+        await client.cancel("gate")
+    cases = {
+        ("signal", "gate", "approve", "{not json"): "is not JSON",
+        ("signal", "missing", "approve"): "no run with id 'missing'",
+        ("signal", "gate", "approve", "true"): "already cancelled",
+    }
+    for args, message in cases.items():
+        result = await anyio.to_thread.run_sync(lambda a=args: cli(db_url, *a))
+        assert result.returncode == 2, result
+        assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    async with durable.Client.connect(db_url) as client:
+        assert await client.store.list_signals("gate") == []
+        assert "signal_sent" not in kinds(await client.store.journal("gate"))
+    shown = await anyio.to_thread.run_sync(lambda: cli(db_url, "show", "gate", "--json"))
+    assert json.loads(shown.stdout)["run"]["waiting_for"] is None
+
+
+async def test_list_show_and_json_say_what_a_run_waits_for(
+        db_url: str, registry: durable.Registry, clock: FakeClock) -> None:
+    declare(registry)
+    async with durable.Client.connect(db_url, clock=clock, registry=registry) as client:
+        async with running_worker(client, registry):
+            await client.start("s.one", id="gate")
+            run = await waiting(client, "gate", "approve")
+        text = render_timeline(run, await client.store.journal("gate"))
+    assert "waiting   for signal 'approve', no timeout" in text
+    assert re.search(r"durable\.wait_for +waiting +for signal 'approve', no timeout", text)
+    assert "attempt ended to wait without a lease: waiting for signal 'approve'" in text
+    listed = await anyio.to_thread.run_sync(lambda: cli(db_url, "list"))
+    assert "waiting for signal 'approve', no timeout" in listed.stdout, listed
+    shown = json.loads((await anyio.to_thread.run_sync(
+        lambda: cli(db_url, "show", "gate", "--json"))).stdout)
+    assert shown["run"]["waiting_for"] == "approve"
+    [row] = [r for r in shown["steps"] if r.get("activity") == "durable.wait_for"]
+    assert row["state"] == "waiting" and row["signal"] == "approve" and row["until"] is None
+    assert shown["report"]["state"] == "queued" and shown["report"]["in_doubt"] == []
+
+
+async def test_the_console_says_what_a_run_waits_for(
+        db_url: str, registry: durable.Registry, clock: FakeClock) -> None:
+    pytest.importorskip("starlette")
+    from .test_console_http import console
+
+    declare(registry)
+    async with durable.Client.connect(db_url, clock=clock, registry=registry) as client:
+        async with running_worker(client, registry):
+            await client.start("s.one", id="gate")
+            await waiting(client, "gate", "approve")
+        async with console(client) as http:
+            page = (await http.get("/runs/gate")).text
+    assert "Waiting for signal &#x27;approve&#x27;, no timeout; it holds no lease" in page \
+        or "Waiting for signal 'approve', no timeout; it holds no lease" in page
+    assert "Starts" not in page
+
+
+async def test_pruning_a_finished_run_deletes_its_signals(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    from durable._retention import prune
+
+    declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.one", id="gate")
+        await client.signal("gate", "approve", "yes")
+        await client.signal("gate", "approve", "unused")  # never waited for
+        assert (await client.wait("gate", timeout=15)).state is RunState.COMPLETED
+    assert len(await client.store.list_signals("gate")) == 2
+    clock.advance(3600)
+    await prune(client.store, 60.0, (RunState.COMPLETED,))
+    assert await client.store.get_run("gate") is None
+    assert await client.store.list_signals("gate") == []
