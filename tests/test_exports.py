@@ -23,7 +23,8 @@ PUBLIC = [
     "NonRetryableError", "NotJsonError", "NotSentError", "PrunedRun", "RecoveryReport",
     "RedactingFilter", "Registry", "ResultUnknownError", "RetryPolicy", "Run",
     "RunConflictError", "RunNotFoundError", "RunPrunedError", "RunState", "Schedule",
-    "ScheduleSpec", "SchemaVersionError", "StaleRecordError", "StepInDoubtError", "StepState",
+    "ScheduleSpec", "SchemaVersionError", "SignalTimeout", "StaleRecordError",
+    "StepInDoubtError", "StepState",
     "Store", "StoreError", "StoreUnavailableError", "UnknownWorkflowError", "WallClock",
     "Worker", "Workflow", "WorkflowContext", "activity", "configure_logging",
     "default_registry", "schedule", "store_from_url", "workflow",
@@ -32,7 +33,7 @@ PUBLIC = [
 errors, the headers a fenced service reads, and the store to connect to."""
 
 STORE_PUBLIC = ["SCHEMA_VERSION", "Cursor", "Fence", "JournalWrite", "NewRun", "Record",
-                "Renewal", "Store", "store_from_url"]
+                "Renewal", "Signal", "SignalSent", "Store", "store_from_url"]
 """The storage boundary: the abstract store and the types that cross it."""
 
 INTERNALS = ["Attempt", "StepView", "render_timeline", "Fence", "JournalWrite", "NewRun",
@@ -60,7 +61,7 @@ def test_the_store_boundary_is_public_in_durable_store() -> None:
     from durable import _types
     from durable.store import _base
 
-    for name in ("Fence", "JournalWrite", "NewRun", "Record", "Renewal"):
+    for name in ("Fence", "JournalWrite", "NewRun", "Record", "Renewal", "Signal", "SignalSent"):
         assert getattr(durable.store, name) is getattr(_types, name), name  # the engine's own
     assert durable.store.Store is durable.Store is _base.Store
     assert durable.store.store_from_url is durable.store_from_url
@@ -93,6 +94,8 @@ def test_control_flow_signals_are_base_exceptions() -> None:
     assert not issubclass(durable.AttemptCancelled, Exception)
     assert issubclass(durable.LeaseLostError, durable.AttemptCancelled)
     assert issubclass(durable.UnknownWorkflowError, durable.DurableError)
+    # a workflow catches a wait's timeout as an ordinary error (durable waiting)
+    assert issubclass(durable.SignalTimeout, durable.DurableError)
 
 
 async def test_testing_helpers_run_a_workflow(tmp_path: Path) -> None:
