@@ -39,5 +39,10 @@ def test_the_group_commit_benchmark_measures_both_modes_and_the_baseline() -> No
     assert results["concurrent"]["off"]["batches"] == 0
     assert set(results["appends_per_s"]) == {"on", "off", "plain"}
     assert set(results["targets"]) == {"concurrent_gain", "sequential_share"}
+    assert results["issue_gain"] > 0
+    for mode in ("on", "off"):
+        assert results["concurrent"][mode]["client_cpu_us_per_step"] > 0
+        server = results["concurrent"][mode]["server_cpu_us_per_step"]
+        assert server is None or server >= 0
     for target in results["targets"].values():
         assert isinstance(target["met"], bool)
