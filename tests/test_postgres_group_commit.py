@@ -10,6 +10,7 @@ waits on the server while the others queue behind it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import anyio
@@ -19,7 +20,7 @@ import pytest
 from durable._errors import ConfigError, NotSentError, StoreError, StoreUnavailableError
 from durable._types import EntryKind, Fence, JournalWrite, RunState
 from durable.store import store_from_url
-from durable.store._postgres import PostgresStore
+from durable.store._postgres import PostgresStore, Q
 from tests.helpers import poll
 from tests.pg import pg_url, postgres_server, split_url
 from tests.test_store_contract import create, fence, journal_kinds
@@ -262,3 +263,39 @@ async def test_without_group_commit_writes_go_one_by_one(pg_url: str) -> None:
         assert store.batches == 0
     finally:
         await store.aclose()
+
+
+AWKWARD = ['{"q": "\\"quoted\\", back\\\\slash, {braces}, NULL"}', "ünï  cödé ✓", "",
+           "a,b", 'NULL']
+
+
+async def test_entries_travel_exactly_in_a_batch_and_alone(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    """Array parameters go in PostgreSQL's binary format (Q's ``%(x)b``, not psycopg's
+    quoted text literals): awkward strings, missing values and large numbers come back as
+    they were written, in a batch statement and in a lone one."""
+    assert not any(re.search(r"%\(\w+\)s::[a-z ]+\[\]", query) for query in Q.values())
+    first, *fences = await claimed(pg_store, 4)
+    entries = [JournalWrite(EntryKind.STEP_COMPLETED, step=2**31 - 1 - n, step_key=text,
+                            name=None if n % 2 else text, try_number=None if n else 7,
+                            data={"text": text, "big": 2**62, "none": None})
+               for n, text in enumerate(AWKWARD)]
+    lock = await locker(pg_url, first.run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pg_store.append, first, [VALUE])
+            await poll(lambda: pg_store.batches == 1)
+            for f in fences:
+                tg.start_soon(pg_store.append, f, entries)
+            await poll(lambda: len(pg_store._pending) == len(fences))
+            await lock.commit()
+    finally:
+        await lock.close()
+    assert pg_store.batched_writes - pg_store.batches == len(fences) - 1  # one batch of 3
+    pg_store.group_commit = False
+    assert await pg_store.append(first, entries)  # alone
+    for f in [first, *fences]:
+        written = [e for e in await pg_store.journal(f.run_id)
+                   if e.kind is EntryKind.STEP_COMPLETED]
+        assert [(e.step, e.step_key, e.name, e.try_number, e.data) for e in written] == [
+            (e.step, e.step_key, e.name, e.try_number, e.data) for e in entries]
