@@ -271,3 +271,20 @@ async def test_a_start_by_keyword_is_the_start_by_position(tmp_path: Path) -> No
         skipped = await client.start(defaults.bind("y", c=5), id="d2")
         assert skipped.args == ["y", 1, 5]
         assert len(await client.list()) == 2
+
+
+@pytest.mark.anyio
+async def test_a_bound_step_takes_no_more_arguments(tmp_path: Path) -> None:
+    reg = durable.Registry()
+
+    @durable.workflow("twice", registry=reg)
+    async def twice(ctx: durable.WorkflowContext) -> int:
+        return await ctx.step(example.count.bind("a"), "b")  # type: ignore[call-overload]
+
+    async with durable.testing.sqlite_client(tmp_path, registry=reg) as client:
+        async with durable.testing.running_worker(client):
+            run = await client.wait((await client.start(twice)).id, timeout=30)
+        assert run.state is durable.RunState.FAILED
+        assert "typed.count has its arguments bound already" in str(run.error)
+        assert not [e for e in await client.journal(run.id)
+                    if e.kind is durable.EntryKind.STEP_STARTED]
