@@ -27,7 +27,7 @@ from ._steps import DEFAULT_WAIT_THRESHOLD
 from ._types import Fence, Run
 from .store import Store
 
-SPAWN_WAVE = 8
+SPAWN_WAVE = 4
 """Attempts started from one claim before the claim loop yields: the first ones reach
 their journal write, its commit and their request while the rest are still being started
 (a claim of 1,000 started at once sent its first request after the 1,000th attempt had
