@@ -20,7 +20,7 @@ import pytest
 from durable._errors import ConfigError, NotSentError, StoreError, StoreUnavailableError
 from durable._types import EntryKind, Fence, JournalWrite, RunState
 from durable.store import store_from_url
-from durable.store._postgres import PostgresStore, Q
+from durable.store._postgres import Q_ONE_ENTRY, PostgresStore, Q
 from tests.helpers import poll
 from tests.pg import pg_url, postgres_server, split_url
 from tests.test_store_contract import create, fence, journal_kinds
@@ -293,9 +293,13 @@ async def test_entries_travel_exactly_in_a_batch_and_alone(
         await lock.close()
     assert pg_store.batched_writes - pg_store.batches == len(fences) - 1  # one batch of 3
     pg_store.group_commit = False
-    assert await pg_store.append(first, entries)  # alone
+    assert await pg_store.append(first, entries)  # alone: the entries as arrays
+    for entry in entries:  # alone, one entry each: scalars (Q_ONE_ENTRY)
+        assert await pg_store.append(first, [entry])
+    assert "b::" not in Q_ONE_ENTRY["append_entries"] + Q_ONE_ENTRY["finish_run"]
     for f in [first, *fences]:
         written = [e for e in await pg_store.journal(f.run_id)
                    if e.kind is EntryKind.STEP_COMPLETED]
         assert [(e.step, e.step_key, e.name, e.try_number, e.data) for e in written] == [
-            (e.step, e.step_key, e.name, e.try_number, e.data) for e in entries]
+            (e.step, e.step_key, e.name, e.try_number, e.data)
+            for e in (entries * 2 if f == first else entries)]
