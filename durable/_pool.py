@@ -41,6 +41,7 @@ from ._logging import get_logger, redact
 _AnyIOStream: Any
 try:  # httpcore's wrapper of an anyio stream (reads, writes, TLS upgrade, extra info)
     from httpcore._backends.anyio import AnyIOStream as _AnyIOStream
+    from httpcore._utils import is_socket_readable
 except ImportError:  # pragma: no cover - a future httpcore: its own connects only
     _AnyIOStream = None
 
@@ -101,6 +102,25 @@ class _Released(httpx.AsyncByteStream):
             self._release()
 
 
+if _AnyIOStream is not None:
+    class _Direct(_AnyIOStream):  # type: ignore[misc]
+        """httpcore's stream over a socket of ours, answering "is this idle connection
+        readable" (closed by the server) from that socket. httpcore asks it of every idle
+        connection of a pool at each request and each response; anyio's answer rebuilt the
+        stream's whole table of socket attributes (with a ``getpeername``) each time."""
+
+        def __init__(self, stream: anyio.abc.SocketStream, sock: socket.socket) -> None:
+            super().__init__(stream)
+            self._sock = sock
+
+        def get_extra_info(self, info: str) -> Any:
+            if info == "is_readable":
+                return is_socket_readable(self._sock)  # closed: fileno -1, "readable"
+            if info == "socket":
+                return self._sock
+            return super().get_extra_info(info)
+
+
 class _DirectBackend(httpcore.AsyncNetworkBackend):
     """httpcore's anyio backend, with a direct connect for an IP address."""
 
@@ -139,7 +159,7 @@ class _DirectBackend(httpcore.AsyncNetworkBackend):
         except BaseException:
             sock.close()
             raise
-        result: httpcore.AsyncNetworkStream = _AnyIOStream(stream)
+        result: httpcore.AsyncNetworkStream = _Direct(stream, sock)
         return result
 
     async def connect_unix_socket(self, path: str, timeout: float | None = None,

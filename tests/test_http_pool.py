@@ -300,3 +300,32 @@ async def test_a_step_timed_out_waiting_for_a_connection_says_so(
     assert server.seen("/ok") == []
     [wait] = [r.getMessage() for r in caplog.records if "http_pool_wait" in r.getMessage()]
     assert "outcome=cancelled" in wait and "workflow_id=p1" in wait and "step=2" in wait
+
+
+async def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    """The direct connect's stream answers httpcore's "is this idle connection readable"
+    from its own socket: a keep-alive connection the server has closed since is dropped
+    and the next request gets a new one (answered "not readable", it was reused and the
+    request failed: "Server disconnected without sending a response")."""
+    closed = anyio.Event()
+    connections = 0
+
+    async def handle(stream: anyio.abc.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        async with stream:
+            await stream.receive()
+            await stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        closed.set()  # closed after one response, though the response said keep-alive
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    transport = WorkerTransport(4)
+    async with listener, anyio.create_task_group() as tg, \
+            httpx.AsyncClient(transport=transport) as client:
+        tg.start_soon(listener.serve, handle)
+        assert (await client.get(f"http://127.0.0.1:{port}/a")).text == "ok"
+        await closed.wait()  # on loopback the close has reached the client's socket
+        assert (await client.get(f"http://127.0.0.1:{port}/b")).text == "ok"
+        assert connections == 2
+        tg.cancel_scope.cancel()
