@@ -87,7 +87,9 @@ __all__ = [
     "force_push",
     "get_application",
     "notify",
+    "plan_resources",
     "push",
+    "read_resources",
     "remote_head",
     "require_absent",
     "synthesize",
@@ -275,6 +277,117 @@ async def delete_application(ctx: durable.ActivityContext, app_uuid: str) -> str
         outcome = await _paas(ctx).delete_application(app_uuid)
     ctx.annotate(f"application {app_uuid}: {_gone(outcome)}")
     return outcome.value
+
+
+# -- reading what an operation would touch (plans and their re-check) ----------------------
+@durable.activity("inventory.read", timeout=HTTP_TIMEOUT, retry=READ_RETRY)
+async def read_resources(ctx: durable.ActivityContext,
+                         targets: dict[str, str | None]) -> dict[str, Any]:
+    return await _read_resources(ctx, targets)
+
+
+async def _read_resources(ctx: durable.ActivityContext,
+                          targets: Mapping[str, str | None]) -> dict[str, Any]:
+    """What exists now of ``targets`` (``{"database": uuid, "application": uuid,
+    "repository": "workspace/slug"}``, each may be None), read from the services.
+
+    Each answers None when absent (404, and only 404) or not asked for, else its current
+    identity: the database's and application's uuid, name and status, the application's
+    persistent volumes and env vars (uuids with names or keys; never a value), the
+    repository's uuid and main branch. A service that cannot answer fails the step (retried:
+    "could not look" is never "absent"). The same step journals a plan and, later, its
+    re-check (:mod:`workflows._plan` compares the two)."""
+    found: dict[str, Any] = {"database": None, "application": None, "repository": None}
+    client = _paas(ctx) if targets.get("database") or targets.get("application") else None
+    with boundary("paas"):
+        db_uuid = targets.get("database")
+        if client is not None and db_uuid:
+            db = await client.get_database(db_uuid)
+            if db is not None:
+                found["database"] = {"id": db.uuid, "name": db.name, "status": db.status,
+                                     "type": db.raw.get("database_type")}
+        app_uuid = targets.get("application")
+        if client is not None and app_uuid:
+            app = await client.get_application(app_uuid)
+            if app is not None:
+                try:
+                    storages = await client.list_storages(app.uuid)
+                    envs = await client.list_envs(app.uuid)
+                except ServiceError as exc:  # deleted between the two reads: gone
+                    if exc.status != 404:
+                        raise
+                else:
+                    found["application"] = {
+                        "id": app.uuid, "name": app.name, "status": app.status,
+                        "volumes": [{"id": s.uuid, "name": s.name or s.uuid,
+                                     "mount_path": s.mount_path}
+                                    for s in storages if s.kind == "persistent"],
+                        "env_vars": [{"id": e.uuid, "name": e.key} for e in envs]}
+    full_name = targets.get("repository")
+    if full_name:
+        result = await _githost_lookup(ctx, full_name)
+        if result.outcome is Lookup.UNKNOWN or (result.outcome is Lookup.FOUND
+                                                and result.repository is None):
+            raise _unknown(result, full_name)
+        repo = result.repository
+        if repo is not None:
+            found["repository"] = {"id": repo.full_name, "uuid": repo.uuid,
+                                   "branch": repo.mainbranch or "main"}
+    ctx.annotate("found: " + (", ".join(f"{kind} {value['id']}" for kind, value in found.items()
+                                        if value is not None) or "nothing"))
+    return found
+
+
+PLAN_KINDS = ("database", "application", "volume", "env_var", "repository")
+
+
+@durable.activity("inventory.plan", timeout=HTTP_TIMEOUT, retry=READ_RETRY)
+async def plan_resources(ctx: durable.ActivityContext, title: str,
+                         targets: dict[str, str | None],
+                         actions: dict[str, str]) -> dict[str, Any]:
+    """A plan: what exists now of ``targets`` (as :func:`read_resources` reads it) and what
+    the operation will do to each, in the shape the engine presents (``show``, the console;
+    ``docs/design.md``, "Plan, then approve")::
+
+        {"title": ..., "items": [{"action", "kind", "id", "detail"}, ...], "reading": {...}}
+
+    ``actions`` maps a kind (:data:`PLAN_KINDS`) to what is done to it ("delete"); kinds it
+    does not name are read (and re-checked) but not listed. A target that is absent is listed
+    as ``"nothing: already gone"``."""
+    unknown = set(actions) - set(PLAN_KINDS)
+    if unknown:
+        raise durable.NonRetryableError(f"no plan kind {sorted(unknown)}: one of {PLAN_KINDS}")
+    found = await _read_resources(ctx, targets)
+    items: list[dict[str, Any]] = []
+
+    def item(kind: str, ident: Any, detail: str, action: str | None = None) -> None:
+        if kind in actions:
+            items.append({"action": action or actions[kind], "kind": kind, "id": ident,
+                          "detail": detail})
+
+    for kind in ("database", "application", "repository"):
+        wanted, now = targets.get(kind), found.get(kind)
+        if not wanted:
+            continue
+        if now is None:
+            item(kind, wanted, "absent on the service", "nothing: already gone")
+            continue
+        if kind == "database":
+            item(kind, now["id"], f"{now['name']} ({now['type'] or 'database'}, "
+                                  f"{now['status'] or 'status unknown'})")
+        elif kind == "repository":
+            item(kind, now["id"], f"uuid {now['uuid']}, main branch {now['branch']}")
+        else:
+            item(kind, now["id"], f"{now['name']} ({now['status'] or 'status unknown'})")
+            for volume in now["volumes"]:
+                item("volume", volume["id"], f"{volume['name']} at {volume['mount_path']} "
+                                             f"(application {now['id']})")
+            for env in now["env_vars"]:
+                item("env_var", env["id"], f"{env['name']} (application {now['id']})")
+    listed = [i for i in items if not i["action"].startswith("nothing")]
+    ctx.annotate(f"plan: {len(listed)} to act on" + (
+        ": " + ", ".join(f"{i['kind']} {i['id']}" for i in listed) if listed else ""))
+    return {"title": title, "items": items, "reading": found}
 
 
 # -- git host -------------------------------------------------------------------------------

@@ -6,6 +6,9 @@ into every journal write, state change and HTTP request, so an attempt that lost
 can do nothing more. See README.md for the guarantees and their limits.
 """
 
+from ._approval import Approval as Approval
+from ._approval import ApprovalRejected as ApprovalRejected
+from ._approval import approval_gate as approval_gate
 from ._client import Client as Client
 from ._clock import Clock as Clock
 from ._clock import FakeClock as FakeClock
@@ -71,6 +74,8 @@ __all__ = [
     "Activity",
     "ActivityContext",
     "ActivityError",
+    "Approval",
+    "ApprovalRejected",
     "AttemptCancelled",
     "Client",
     "Clock",
@@ -114,6 +119,7 @@ __all__ = [
     "Workflow",
     "WorkflowContext",
     "activity",
+    "approval_gate",
     "configure_logging",
     "default_registry",
     "schedule",

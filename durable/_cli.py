@@ -21,6 +21,7 @@ import anyio
 import anyio.abc
 from anyio.abc import TaskStatus
 
+from ._approval import APPROVE, REJECT, send_decision
 from ._client import Client, InDoubt, check_step, describe_replay
 from ._errors import ConfigError, DurableError
 from ._follow import Follower
@@ -188,14 +189,16 @@ async def _cmd_show(args: argparse.Namespace) -> int:
     async with Client.connect(args.db, create=False, console_url=args.console_url) as client:
         run = await client.get(args.id)
         entries = await client.store.journal(args.id)
+        signals = await client.store.list_signals(args.id)
     if args.step is not None:
         check_step(run.id, entries, args.step, "--step")
     if args.json:
-        print(json.dumps(show_json(run, entries, args.console_url, args.step), indent=2))
+        print(json.dumps(show_json(run, entries, args.console_url, args.step, signals),
+                         indent=2))
         return 0
     print(render_timeline(run, entries, step=args.step, console_url=args.console_url,
                           width=terminal_width(sys.stdout),
-                          color=use_color(sys.stdout, args.color)))
+                          color=use_color(sys.stdout, args.color), signals=signals))
     return 0
 
 
@@ -372,6 +375,18 @@ async def _cmd_prune(args: argparse.Namespace) -> int:
     verb = "would prune" if args.dry_run else "pruned"
     print(f"{verb} {total} run{'s' if total != 1 else ''} ({detail}) that ended before "
           f"{iso(cutoff)}{'; nothing was deleted (dry run)' if args.dry_run else ''}")
+    return 0
+
+
+async def _cmd_decide(args: argparse.Namespace) -> int:
+    """``approve ID [--note]`` / ``reject ID [--reason]``: a signal to a run's plan gate."""
+    text = args.note if args.decision == APPROVE else args.reason
+    payload = {"note" if args.decision == APPROVE else "reason": text} if text else {}
+    async with Client.connect(args.db, create=False) as client:
+        await send_decision(client, args.id, args.decision, payload, id=args.signal_id,
+                            origin=_cli_origin())
+    print(f"{args.id}: plan approved; the run re-checks it, then acts" if args.decision
+          == APPROVE else f"{args.id}: plan rejected; the run ends without acting")
     return 0
 
 
@@ -751,6 +766,24 @@ def build_parser() -> _Parser:
     group.add_argument("--accept-in-doubt", action="store_true",
                        help="count steps whose outcome is unknown (in doubt) as done")
     p.set_defaults(func=_cmd_replay)
+
+    for decision, what in ((APPROVE, "approve"), (REJECT, "reject")):
+        p = sub.add_parser(decision, help=f"{what} the plan of a run waiting for approval",
+                           description=f"Send the {decision!r} signal to a run that journaled "
+                                       "its plan and waits for a decision (show ID prints the "
+                                       "plan). Who sent it is journaled with it."
+                                       + (" The run re-reads its plan right before acting "
+                                          "and stops if anything changed." if decision ==
+                                          APPROVE else " The run ends without acting."))
+        _common(p)
+        p.add_argument("id", help="the run's id")
+        if decision == APPROVE:
+            p.add_argument("--note", help="a note journaled with the approval")
+        else:
+            p.add_argument("--reason", help="why, journaled with the rejection")
+        p.add_argument("--id", dest="signal_id", metavar="SIGNAL_ID",
+                       help="the signal's id: sending the same id twice is one signal")
+        p.set_defaults(func=_cmd_decide, decision=decision, note=None, reason=None)
 
     schedule_actions = _schedule_parser(sub)
 

@@ -19,15 +19,17 @@ import math
 import os
 import re
 import shutil
+import textwrap
 import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 import attrs
 
+from ._approval import ApprovalView, approval_view
 from ._errors import ConfigError
 from ._history import History, StepView, tries
-from ._types import JSON, NEVER, EntryKind, JournalEntry, Run, RunState, StepState
+from ._types import JSON, NEVER, EntryKind, JournalEntry, Run, RunState, Signal, StepState
 
 DEFAULT_WIDTH = 100
 """The width of piped output (and of a terminal whose size cannot be read)."""
@@ -428,17 +430,22 @@ def _accepted_rows(e: JournalEntry, history: History, before: dict[str, StepStat
 # -- rendering -----------------------------------------------------------------------------------
 def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
                     step: int | None = None, console_url: str | None = None,
-                    width: int = DEFAULT_WIDTH, color: bool = False) -> str:
+                    width: int = DEFAULT_WIDTH, color: bool = False,
+                    signals: Sequence[Signal] = ()) -> str:
     """The human-readable ``show`` output: the run, its journal as a timeline, what to do.
 
     ``step=N`` shows that step's tries in full instead (arguments, result, the whole error).
     Every line of the timeline is at most ``width`` characters; ``color`` adds ANSI colours
     for states (see :func:`terminal_width` and :func:`use_color` for a terminal's).
+    ``signals`` (the run's stored signals) give a rejection its reason.
     """
     width = max(width, MIN_WIDTH)
     rows = timeline_rows(run, entries)
     view = _View(width, color)
     view.header(run, rows, entries)
+    gate = approval_view(run, entries, signals)
+    if gate is not None and step is None:
+        view.approval(run, gate)
     if step is not None:
         view.step_detail(run, entries, rows, step)
     else:
@@ -492,6 +499,34 @@ class _View:
             self.field("result", (one_line(json.dumps(run.result)), None))
         if run.error:
             self.field("error", (_refer_to_steps(run.error, rows), "error"))
+
+    # -- plan, then approve ------------------------------------------------------------------
+    def approval(self, run: Run, gate: ApprovalView) -> None:
+        """The plan (in full: wrapped, never cut) and its decision, with who decided."""
+        self.add(("", None))
+        self.field("plan", (gate.title, "bold"),
+                   (f"  (step {gate.plan_step}, digest {gate.digest})", None))
+        for line in gate.lines()[1:]:  # wrapped to the width, never cut
+            self.lines.extend(textwrap.wrap(one_line(line), self.width,
+                                            initial_indent=" " * 10,
+                                            subsequent_indent=" " * 14))
+        if gate.decision == "waiting":
+            if run.state.finished:
+                self.field("approval", ("none: the run ended before a decision", None))
+            else:
+                self.field("approval", ("waiting", "queued"),
+                           (f"    python -m durable approve {run.id}  |  "
+                            f"python -m durable reject {run.id} --reason TEXT", None))
+            return
+        style = "completed" if gate.decision == "approved" else "failed"
+        note = gate.payload.get("note") or gate.payload.get("reason") \
+            if isinstance(gate.payload, dict) else None
+        self.field("approval", (gate.decision, style),
+                   (f" by {gate.by} at {utc(gate.at)}", None),
+                   (f": {one_line(str(note))}" if note else "", None))
+        if gate.early:
+            self.field("", ("(sent before the plan was journaled: a raw signal, approving "
+                            "blind)", "error"))
 
     # -- the journal -------------------------------------------------------------------------
     def timeline(self, run: Run, rows: list[dict[str, JSON]]) -> None:

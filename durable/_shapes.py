@@ -8,9 +8,10 @@ from typing import Any
 
 import attrs
 
+from ._approval import approval_view
 from ._progress import progress
 from ._report import RecoveryReport, timeline_rows
-from ._types import JournalEntry, Run
+from ._types import JournalEntry, Run, Signal
 
 
 def run_json(run: Run) -> dict[str, Any]:
@@ -28,12 +29,14 @@ def entry_json(entry: JournalEntry) -> dict[str, Any]:
 
 
 def show_json(run: Run, entries: Sequence[JournalEntry], console_url: str | None = None,
-              step: int | None = None) -> dict[str, Any]:
+              step: int | None = None, signals: Sequence[Signal] = ()) -> dict[str, Any]:
     """``show ID --json``: the run, its steps (timeline rows), its journal, its recovery
-    report and its per-item progress (None unless the run declared items with
-    ``ctx.items``); with ``step``, only that step's rows and entries."""
+    report, its per-item progress (None unless the run declared items with
+    ``ctx.items``) and its plan and approval (None unless it journaled a plan); with
+    ``step``, only that step's rows and entries."""
     report = RecoveryReport.build(run, entries, console_url)
     items = progress(run, entries)
+    gate = approval_view(run, entries, signals)
     return {
         "run": run_json(run),
         "steps": [row for row in timeline_rows(run, entries)
@@ -41,4 +44,5 @@ def show_json(run: Run, entries: Sequence[JournalEntry], console_url: str | None
         "journal": [entry_json(e) for e in entries if step is None or e.step == step],
         "report": report.as_dict(),
         "progress": None if items is None else items.as_dict(),
+        "approval": None if gate is None else gate.as_dict(),
     }

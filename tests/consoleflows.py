@@ -73,3 +73,16 @@ async def batch(ctx: durable.WorkflowContext, folder: str, total: int) -> int:
         for i in range(total):
             tg.start_soon(item, i)
     return total
+
+
+@durable.activity("console.plan")
+async def plan(ctx: durable.ActivityContext, what: str) -> dict[str, object]:
+    return {"title": f"This run will delete {what}:",
+            "items": [{"action": "delete", "kind": "database", "id": what,
+                       "detail": "postgres, 3 GB"}]}
+
+
+@durable.workflow("console.approved")
+async def approved(ctx: durable.WorkflowContext, what: str) -> str:
+    await durable.approval_gate(ctx, plan, what)
+    return str(await ctx.step(note, f"deleted {what}"))

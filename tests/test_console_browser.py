@@ -196,6 +196,31 @@ def test_cancel_needs_the_token(env: Env, page: Any) -> None:
     page.wait_for_selector(".fields[data-state=cancelled]", timeout=WAIT)
 
 
+def test_a_plan_is_approved_with_the_token_and_the_page_says_who(env: Env, page: Any) -> None:
+    env.start("console.approved", '"db-42"', run_id="gate-1")
+    page.goto(f"{env.console}/runs/gate-1")
+    page.wait_for_selector("section.approval[data-decision=waiting]", timeout=WAIT)
+    page.reload()  # the action forms are rendered with the page
+    assert "This run will delete db-42:" in page.inner_text("section.approval")
+    shoot(page, "console-approval.png")
+    form = page.locator("form.approve")
+    form.locator("input[name=token]").fill("wrong")
+    form.locator("button").click()
+    page.wait_for_selector("p.refused", timeout=WAIT)
+    assert "admin token is missing or wrong" in page.inner_text("p.refused")
+    assert '"signal_sent"' not in env.durable("show", "gate-1", "--json")
+
+    page.goto(f"{env.console}/runs/gate-1")
+    page.locator("form.approve input[name=note]").fill("checked the ids")
+    page.locator("form.approve input[name=token]").fill(TOKEN)
+    page.locator("form.approve button").click()
+    page.wait_for_selector(".flash", timeout=WAIT)
+    assert "plan approved" in page.inner_text(".flash")
+    page.wait_for_selector(".fields[data-state=completed]", timeout=WAIT)
+    decision = page.inner_text("section.approval .decision")
+    assert "approved by 127.0.0.1 (console)" in decision and "checked the ids" in decision
+
+
 def test_pages_hold_no_secret(env: Env, page: Any) -> None:
     _failed_run(env, page, "fails-2")
     contents = []

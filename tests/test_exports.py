@@ -17,7 +17,8 @@ pytestmark = pytest.mark.anyio
 
 PUBLIC = [
     "FENCING_HEADER", "FENCING_SCOPE_HEADER", "IDEMPOTENCY_HEADER", "NOT_DONE",
-    "Activity", "ActivityContext", "ActivityError", "AttemptCancelled", "Client", "Clock",
+    "Activity", "ActivityContext", "ActivityError", "Approval", "ApprovalRejected",
+    "AttemptCancelled", "Client", "Clock",
     "ConfigError", "Counters", "DurableError", "EntryKind", "FakeClock", "Interceptor",
     "InvalidStateError", "JournalEntry", "LeaseLostError", "NonDeterminismError",
     "NonRetryableError", "NotJsonError", "NotSentError", "PrunedRun", "RecoveryReport",
@@ -26,7 +27,8 @@ PUBLIC = [
     "ScheduleSpec", "SchemaVersionError", "SignalTimeout", "StaleRecordError",
     "StepInDoubtError", "StepState",
     "Store", "StoreError", "StoreUnavailableError", "UnknownWorkflowError", "WallClock",
-    "Worker", "Workflow", "WorkflowContext", "activity", "configure_logging",
+    "Worker", "Workflow", "WorkflowContext", "activity", "approval_gate",
+    "configure_logging",
     "default_registry", "schedule", "store_from_url", "workflow",
 ]
 """Exactly what users need: declaring, starting, running and inspecting workflows, the

@@ -12,9 +12,10 @@ import durable
 from activities import steps
 
 from ._outcome import failure_report
+from ._plan import PlanChangedError, changes, planned_targets
 from .records import Slot, SlotError, load_slot, save_slot
 
-__all__ = ["TeardownIncompleteError", "promote", "reset", "teardown"]
+__all__ = ["PlanChangedError", "TeardownIncompleteError", "promote", "reset", "teardown"]
 
 
 class TeardownIncompleteError(Exception):
@@ -28,8 +29,15 @@ def _require(slot: Slot, *fields: str) -> None:
                         "nothing was touched")
 
 
+RESET_ACTIONS = {"database": "delete", "volume": "delete", "env_var": "delete"}
+TEARDOWN_ACTIONS = {"database": "delete", "application": "delete",
+                    "volume": "delete with the application",
+                    "env_var": "delete with the application", "repository": "delete"}
+
+
 @durable.workflow("slot.reset")
-async def reset(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, Any]:
+async def reset(ctx: durable.WorkflowContext, slot_name: str,
+                options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Return a slot: delete its database, env vars and volumes, force-push the template,
     mark it vacant, notify.
 
@@ -51,7 +59,15 @@ async def reset(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, Any]:
     keyed step (``finished-notify``, ``failed-...-notify``), sent once: a send cut off by a
     crash is in doubt and not sent again. A bad slot or configuration fails the run before
     anything is touched.
+
+    With an approval gate (``{"approval": true}`` as the second argument) the run journals
+    its plan after those checks (the database, the application's volumes and env vars, the
+    force push with both commits), waits for ``approve``, and right before the first delete
+    reads the resources and the branch's commit again: a change fails the run (a failed
+    reset, reported as above) naming it, with nothing deleted or pushed. See
+    :func:`teardown`.
     """
+    opts = _options(options)
     await steps.check_config(ctx, ["paas", "githost", "git", "notify"])
     slot = await load_slot(ctx, slot_name)
     if slot.lifecycle == "retired":
@@ -68,6 +84,21 @@ async def reset(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, Any]:
         template_sha = await steps.remote_head(ctx, template)
         if template_sha is None:
             raise SlotError(f"template {slot.template} has no commits; nothing was touched")
+        if opts.get("approval"):
+            push = (f"force-push {slot.template} {template_sha[:12]} over "
+                    f"{(expected or '(empty)')[:12]}")
+            await _approved(ctx, f"Reset of {slot_name} will:",
+                            {"database": slot.database, "application": slot.app,
+                             "repository": slot.repository},
+                            {**RESET_ACTIONS, "repository": push},
+                            opts.get("approval_timeout"))
+            head = await ctx.step(steps.remote_head, repo, key="recheck-head")
+            if head != expected:
+                raise PlanChangedError(
+                    f"the approved plan no longer holds: {slot.repository} "
+                    f"{repo['branch']} moved from {(expected or '(empty)')[:12]} to "
+                    f"{(head or '(empty)')[:12]}. Nothing was deleted; start a new run to "
+                    "plan again.")
         await steps.delete_database(ctx, slot.database)
         await steps.delete_env_vars(ctx, slot.app)
         await steps.delete_volumes(ctx, slot.app)
@@ -114,7 +145,8 @@ async def _notify_quietly(ctx: durable.WorkflowContext, message: dict[str, Any],
 
 
 @durable.workflow("slot.teardown")
-async def teardown(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, Any]:
+async def teardown(ctx: durable.WorkflowContext, slot_name: str,
+                   options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Retire a slot: delete its database, application and repository.
 
     Start it keyed by the slot::
@@ -127,13 +159,29 @@ async def teardown(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, An
     ID``) retries only the deletes that failed. Only when every delete is confirmed is the
     slot retired and its app, database and repository ids cleared, in one fenced write. The
     PaaS project is not deleted here, so its id is kept.
+
+    With an approval gate (``{"approval": true}`` as the second argument; ``"approval_timeout"``
+    seconds optional) nothing is deleted before an operator approves: the run journals its
+    plan (the database, application with its volumes and env vars, and repository it will
+    delete, with their ids as the services report them now), waits for an ``approve`` or
+    ``reject`` signal (``python -m durable approve ID`` / ``reject ID``, or the console), and
+    right before the first delete reads the same resources again. If anything changed (gone,
+    a new volume, a repository created again under the same name) the run fails naming each
+    change and deletes nothing; a reject ends it cancelled, deleting nothing. Only what the
+    plan found is deleted.
     """
+    opts = _options(options)
     await steps.check_config(ctx, ["paas", "githost"])
     slot = await load_slot(ctx, slot_name)
+    ids: dict[str, str | None] = {"database": slot.database, "application": slot.app,
+                                  "repository": slot.repository}
+    if opts.get("approval"):
+        ids = await _approved(ctx, f"Teardown of {slot_name} will delete:", ids,
+                              TEARDOWN_ACTIONS, opts.get("approval_timeout"))
     targets: list[tuple[str, str | None, durable.Activity[[str], str]]] = [
-        ("database", slot.database, steps.delete_database),
-        ("application", slot.app, steps.delete_application),
-        ("repository", slot.repository, steps.delete_repository)]
+        ("database", ids["database"], steps.delete_database),
+        ("application", ids["application"], steps.delete_application),
+        ("repository", ids["repository"], steps.delete_repository)]
     remaining: list[str] = []
     done: list[str] = []
     for kind, ident, activity in targets:
@@ -162,6 +210,35 @@ async def teardown(ctx: durable.WorkflowContext, slot_name: str) -> dict[str, An
                                      state_reason=f"retired by run {ctx.workflow_id}"),
                     summary=f"slot {slot_name}: retired, ids cleared")
     return {"slot": slot_name, "state": "retired", "deleted": done}
+
+
+def _options(options: Any) -> dict[str, Any]:
+    """A workflow's optional last argument: a JSON object of options."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or set(options) - {"approval", "approval_timeout"}:
+        raise SlotError(f"options are {{\"approval\": true, \"approval_timeout\": seconds}}, "
+                        f"not {options!r}; nothing was touched")
+    return options
+
+
+async def _approved(ctx: durable.WorkflowContext, title: str, ids: dict[str, str | None],
+                    actions: dict[str, str], timeout: float | None) -> dict[str, str | None]:
+    """Journal the plan, wait for its approval, re-read; answers the targets to act on.
+
+    Raises (failing the run before anything is touched) on a reject, a timeout, or a
+    resource that changed since the plan; each change is named.
+    """
+    approval = await durable.approval_gate(ctx, steps.plan_resources, title, ids, actions,
+                                           timeout=timeout)
+    planned = approval.plan["reading"]
+    current = await ctx.step(steps.read_resources, ids, key="recheck")
+    changed = changes(ids, planned, current)
+    if changed:
+        raise PlanChangedError(
+            "the approved plan no longer holds: " + "; ".join(changed)
+            + ". Nothing was deleted; start a new run to plan again.")
+    return planned_targets(ids, planned)
 
 
 @durable.workflow("slot.promote")

@@ -6,9 +6,10 @@ Pages (HTML, server-rendered) and a JSON API over the same data:
   ``/runs/ID`` (``#step-N`` anchors, the target of recovery links), ``/status``;
 * ``/api/runs``, ``/api/runs/ID`` (the shape of ``show ID --json``), ``/api/status``
   (``?workflow=W&key=K`` or ``?id=ID``: ``unknown`` when nothing is found, never done);
-* actions, each a POST: ``/runs/ID/cancel`` and ``/runs/ID/replay`` (forms: the admin token
-  and the CSRF value), ``/api/runs/ID/cancel`` and ``/api/runs/ID/replay`` (``Authorization:
-  Bearer TOKEN``). Without a configured token the console is read-only and says so. Every
+* actions, each a POST: ``/runs/ID/cancel``, ``/runs/ID/replay``, and for a run waiting for
+  approval of its plan ``/runs/ID/approve`` and ``/runs/ID/reject`` (forms: the admin token and
+  the CSRF value); ``/api/runs/ID/ACTION`` the same (``Authorization: Bearer TOKEN``).
+  Without a configured token the console is read-only and says so. Every
   action is journaled with where it came from (``origin``).
 
 Security: tokens are compared in constant time and never rendered; forms carry a
@@ -33,6 +34,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .._approval import APPROVE, approval_view, send_decision
 from .._client import Client
 from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
 from .._logging import get_logger, redact, redact_json
@@ -98,7 +100,8 @@ class Console:
                    for (ns, key), epoch in written.items()]
         return render.RunDetail(run, entries,
                                 RecoveryReport.build(run, entries, self.console_url),
-                                progress(run, entries), records, await store.now())
+                                progress(run, entries), records, await store.now(),
+                                approval_view(run, entries, await store.list_signals(run_id)))
 
     async def runs(self, query: render.ListQuery, before: str | None
                    ) -> tuple[list[Run], dict[str, int], str | None]:
@@ -146,7 +149,9 @@ class Console:
     async def act(self, action: str, run_id: str, fields: Mapping[str, str],
                   origin: dict[str, JSON]) -> str:
         """Do an action (the token is checked); the sentence to show the operator."""
-        if action == "cancel":
+        if action in ("approve", "reject"):
+            message = await self.decide(action, run_id, fields, origin)
+        elif action == "cancel":
             run = await self.client.cancel(run_id, origin=origin)
             message = (f"{run_id} cancelled before it started" if run.state.finished
                        else f"{run_id}: cancel requested; the worker holding it stops it now")
@@ -161,6 +166,18 @@ class Console:
         self.log.info("console_action", action=action, workflow_id=run_id,
                       remote=origin.get("remote"))
         return message
+
+    async def decide(self, action: str, run_id: str, fields: Mapping[str, str],
+                     origin: dict[str, JSON]) -> str:
+        """Approve or reject the plan of a run waiting for approval, as a signal."""
+        text = (fields.get("note") if action == APPROVE else fields.get("reason")) or ""
+        payload: dict[str, JSON] = {"note" if action == APPROVE else "reason": text[:300]} \
+            if text.strip() else {}
+        # one decision per run from the console: a double click is one signal
+        await send_decision(self.client, run_id, action, payload, id=f"console-{action}",
+                            origin=origin)
+        return (f"{run_id}: plan approved; the run re-checks it and acts" if action == APPROVE
+                else f"{run_id}: plan rejected; the run ends without acting")
 
 
 def _parse_step(value: str | None) -> int | None:
@@ -320,7 +337,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         action = request.path_params["action"]
         run_id = request.path_params["run_id"]
         if action not in ACTIONS:
-            return problem(request, f"no action {action!r}: cancel or replay", 404)
+            return problem(request, f"no action {action!r}: one of {', '.join(ACTIONS)}", 404)
         fields = await _form(request)
         cookie = request.cookies.get(CSRF_COOKIE, "")
         given = fields.get("csrf", "")
@@ -350,6 +367,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
             return JSONResponse({"status": "unknown",
                                  "error": f"no run with id {run_id!r} in {console.db}"}, 404)
         data = show_json(detail.run, detail.entries, console.console_url)
+        data["approval"] = None if detail.approval is None else detail.approval.as_dict()
         data["progress"] = None if detail.progress is None else detail.progress.as_dict()
         data["records"] = [{"namespace": ns, "key": key, "epoch": epoch,
                             "value": None if rec is None else rec.value,
@@ -375,7 +393,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
     async def api_action(request: Request) -> Response:
         action = request.path_params["action"]
         if action not in ACTIONS:
-            return problem(request, f"no action {action!r}: cancel or replay", 404)
+            return problem(request, f"no action {action!r}: one of {', '.join(ACTIONS)}", 404)
         auth = request.headers.get("authorization", "")
         scheme, _, given = auth.partition(" ")
         console.check_token(given.strip() if scheme.lower() == "bearer" else None)
@@ -458,4 +476,4 @@ class _Headers:
         await self.app(scope, receive, send_with_headers)
 
 
-ACTIONS = ("cancel", "replay")
+ACTIONS = ("cancel", "replay", "approve", "reject")

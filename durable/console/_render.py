@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 import attrs
 
+from .._approval import ApprovalView
 from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
@@ -197,6 +198,8 @@ class RunDetail:
     records: Sequence[tuple[str, str, Record | None, int]]
     """(namespace, key, the record now or None, the epoch of the attempt that wrote it)."""
     now: float
+    approval: ApprovalView | None = None
+    """The run's plan and its decision (None: the run journaled no plan)."""
 
 
 def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
@@ -212,9 +215,9 @@ def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
 
 
 def run_fragment(detail: RunDetail) -> str:
-    return (header(detail) + progress_bar(detail.progress) + report_block(detail)
-            + steps_block(detail) + attempts_block(detail) + records_block(detail)
-            + journal_block(detail))
+    return (header(detail) + approval_block(detail) + progress_bar(detail.progress)
+            + report_block(detail) + steps_block(detail) + attempts_block(detail)
+            + records_block(detail) + journal_block(detail))
 
 
 def header(d: RunDetail) -> str:
@@ -258,6 +261,46 @@ def header(d: RunDetail) -> str:
     error = (f'<pre class="run-error">{text(run.error)}</pre>' if run.error else "")
     return (f'<section class="header"><dl class="fields" data-state="{run.state.value}">{dl}'
             f"</dl>{delayed}{error}</section>")
+
+
+def awaiting_approval(d: RunDetail) -> bool:
+    """A plan is journaled, no decision yet, and the run can still act on one."""
+    return (d.approval is not None and d.approval.decision == "waiting"
+            and not d.run.state.finished)
+
+
+def approval_block(d: RunDetail) -> str:
+    """The plan the run journaled, item by item, and its decision with who made it."""
+    gate = d.approval
+    if gate is None:
+        return ""
+    items = gate.items
+    if items is None:
+        listing = f"<pre>{text(gate.plan)}</pre>"
+    else:
+        rows = "".join(
+            f'<tr class="plan-item"><td>{text(i.get("action"))}</td><td>{text(i.get("kind"))}'
+            f'</td><td><code>{text(i.get("id"))}</code></td><td>{text(i.get("detail"))}</td>'
+            "</tr>" for i in items)
+        listing = ('<table class="plan"><tr><th>action</th><th>kind</th><th>id</th>'
+                   f"<th>as read from the service</th></tr>{rows}</table>")
+    if gate.decision == "waiting":
+        status = ('<p class="decision waiting">Waiting for approval: nothing is done until an '
+                  "operator approves. The plan is read again right before acting; if anything "
+                  "changed, the run stops and deletes nothing.</p>"
+                  if not d.run.state.finished else
+                  '<p class="decision none">The run ended before a decision.</p>')
+    else:
+        payload = gate.payload if isinstance(gate.payload, Mapping) else {}
+        note = payload.get("note") or payload.get("reason")
+        status = (f'<p class="decision {attr(gate.decision)}">{badge(gate.decision)} by '
+                  f'<b class="approved-by">{text(gate.by)}</b> {when(gate.at)}'
+                  + (' <span class="early">(sent before the plan was journaled)</span>'
+                     if gate.early else "")
+                  + (f": {text(note)}" if note else "") + "</p>")
+    return (f'<section class="approval" data-decision="{attr(gate.decision)}"><h2>Plan '
+            f'<small><a href="#step-{gate.plan_step}">step {gate.plan_step}</a></small></h2>'
+            f"<p>{text(gate.title)}</p>{listing}{status}</section>")
 
 
 def progress_bar(p: Progress | None) -> str:
@@ -444,17 +487,28 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
         return ('<section class="actions read-only"><h2>Actions</h2><p>This console is '
                 "<b>read-only</b>: no admin token is configured. Start it with "
                 "<code>DURABLE_CONSOLE_TOKEN</code> set (or <code>--token-file</code>) to "
-                "cancel and replay runs here, or use <code>python -m durable cancel</code> / "
-                "<code>replay</code>.</p></section>")
+                "cancel, replay, approve and reject runs here, or use <code>python -m durable "
+                "cancel</code> / <code>replay</code> / <code>approve</code> / "
+                "<code>reject</code>.</p></section>")
     token = ('<label>admin token <input type="password" name="token" autocomplete="off" '
              'required></label>')
     csrf = f'<input type="hidden" name="csrf" value="{attr(chrome.csrf)}">'
     forms = []
+    if awaiting_approval(d):
+        forms.append(f'<form class="action approve" method="post" '
+                     f'action="/runs/{attr(run.id)}/approve">{csrf}'
+                     '<label>note <input name="note" maxlength="300"></label>'
+                     f'{token}<button type="submit">approve plan</button></form>')
+        forms.append(f'<form class="action reject" method="post" '
+                     f'action="/runs/{attr(run.id)}/reject">{csrf}'
+                     '<label>reason <input name="reason" maxlength="300"></label>'
+                     f'{token}<button type="submit" class="danger">reject plan</button></form>')
     if not run.state.finished:
         forms.append(f'<form class="action cancel" method="post" '
                      f'action="/runs/{attr(run.id)}/cancel">{csrf}{token}'
                      '<button type="submit" class="danger">cancel run</button></form>')
-    if run.state in (RunState.FAILED, RunState.CANCELLED):
+    rejected = d.approval is not None and d.approval.decision == "rejected"
+    if run.state in (RunState.FAILED, RunState.CANCELLED) and not rejected:
         history = History.fold(d.entries)
         steps = "".join(f'<option value="{s.number}">step {s.number} {text(s.name)}</option>'
                         for s in history.ordered())

@@ -1,0 +1,234 @@
+"""Plan, then approve: a run journals its plan and waits for an operator's decision.
+
+The workflow side is :func:`approval_gate`: it runs a plan activity as the step keyed
+:data:`PLAN_KEY` (its result, journaled, is the plan), then waits for the ``approve`` signal
+(:meth:`durable.Client.signal`, ``python -m durable approve ID``, the console's button). A
+``reject`` (``python -m durable reject ID``, the console) is journaled as a signal and
+cancels the run, which ends without doing anything. The workflow then re-checks its plan
+right before acting (see ``workflows/_plan.py`` for the slots' re-check).
+
+The reading side is :func:`approval_view`: the plan and the decision derived from a run's
+journal, for ``show`` and the console. A plan is the result of the completed step keyed
+``plan``; when it has ``items`` (``{"action", "kind", "id", "detail"}``) they are shown as a
+list, else the result is shown as JSON. The decision and its origin come from the journaled
+signal, never from what a workflow says about it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._errors import ConfigError, DurableError, InvalidStateError, SignalTimeout
+from ._types import JSON, EntryKind, JournalEntry, Run, Signal
+
+if TYPE_CHECKING:
+    from ._client import Client
+    from ._context import WorkflowContext
+    from ._registry import Activity
+
+__all__ = ["APPROVE", "PLAN_KEY", "REJECT", "Approval", "ApprovalRejected", "ApprovalView",
+           "approval_gate", "approval_view", "origin_text", "plan_digest", "send_decision"]
+
+PLAN_KEY = "plan"
+APPROVE = "approve"
+REJECT = "reject"
+
+
+class ApprovalRejected(DurableError):
+    """An operator rejected the run's plan (or no decision came in time): nothing was done."""
+
+
+@attrs.frozen
+class Approval:
+    """An approved plan: the plan (the ``plan`` step's result) and who approved it."""
+
+    plan: Any
+    payload: JSON
+    """The approve signal's payload (``{"note": ...}`` from the CLI and the console). Who
+    sent it is journaled with the signal (its origin), shown by ``show`` and the console."""
+
+
+def origin_text(origin: Any) -> str:
+    """``user@host (cli)``, ``127.0.0.1 (console)``: who an action came from, for messages."""
+    if not isinstance(origin, Mapping) or not origin:
+        return "an unnamed sender"
+    via = origin.get("via")
+    who = origin.get("user") or origin.get("remote") or origin.get("who")
+    host = origin.get("host")
+    text = str(who) if who else "someone"
+    if host and origin.get("user"):
+        text += f"@{host}"
+    return f"{text} ({via})" if via else text
+
+
+def plan_digest(plan: JSON) -> str:
+    """A short digest of a plan (its canonical JSON): what an approval names to approve
+    exactly that plan."""
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _names_another_plan(payload: JSON, digest: str) -> bool:
+    return isinstance(payload, Mapping) and "plan" in payload and payload["plan"] != digest
+
+
+async def approval_gate(ctx: WorkflowContext, plan: Activity[..., Any], *args: Any,
+                        timeout: float | None = None) -> Approval:
+    """Journal the plan (``plan(*args)`` as the step keyed ``plan``), then wait for the
+    ``approve`` signal (``ctx.wait_for``: a waiting run holds no lease).
+
+    Answers the :class:`Approval`. An approve whose payload names another plan
+    (``{"plan": digest}`` that is not :func:`plan_digest` of this one: an approval of an
+    earlier plan, before a replay planned again) is received and ignored, and the run waits
+    on; :func:`send_decision` always names the plan, a raw signal may leave it out. A reject
+    ends the run cancelled (:func:`send_decision` records the ``reject`` signal, then
+    cancels), so it never reaches the workflow. No decision within ``timeout`` seconds (None:
+    wait forever; counted again after an ignored approve) raises :class:`ApprovalRejected`.
+    """
+    result = await ctx.step(plan, *args, key=PLAN_KEY)
+    digest = plan_digest(result)
+    while True:
+        try:
+            payload = await ctx.wait_for(APPROVE, timeout=timeout)
+        except SignalTimeout as exc:
+            raise ApprovalRejected(f"no decision on the plan within {timeout:g} s; nothing "
+                                   "was done") from exc
+        if not _names_another_plan(payload, digest):
+            return Approval(result, payload)
+
+
+async def send_decision(client: Client, run_id: str, name: str, payload: JSON = None, *,
+                        id: str | None = None, origin: Mapping[str, JSON] | None = None
+                        ) -> bool:
+    """Send ``approve`` or ``reject`` to a run waiting for a decision on its plan; the CLI's
+    ``approve`` / ``reject`` and the console's buttons all come through here.
+
+    Refused (:class:`InvalidStateError`, nothing sent) for a run that journaled no plan yet
+    (an approval must follow the plan it approves), whose plan was already decided, or that
+    is finished. ``approve`` is the signal the run waits for. ``reject`` is recorded as a
+    signal (who and why, journaled), then the run is cancelled (``origin`` journaled with the
+    cancel too): it ends ``cancelled`` without doing anything. Answers whether a new signal
+    was recorded (False: ``id`` was already used for this run).
+    """
+    if name not in (APPROVE, REJECT):
+        raise ConfigError(f"a decision is {APPROVE!r} or {REJECT!r}, not {name!r}")
+    run = await client.get(run_id)
+    gate = approval_view(run, await client.journal(run_id),
+                         await client.store.list_signals(run_id))
+    if gate is None:
+        raise InvalidStateError(f"{run_id} has no plan to {name}: it journaled none (yet)")
+    if gate.decision != "waiting":
+        raise InvalidStateError(f"{run_id}: its plan was already {gate.decision} by {gate.by}")
+    if run.state.finished:
+        raise InvalidStateError(f"{run_id} is {run.state.value}: it no longer waits for a "
+                                "decision")
+    if payload is not None and not isinstance(payload, Mapping):
+        raise ConfigError("a decision's payload is a JSON object ({\"note\": ...})")
+    named = {**(payload or {}), "plan": plan_digest(gate.plan)}  # approves exactly this plan
+    sent = await client.signal(run_id, name, named, id=id, origin=origin)
+    if name == REJECT:
+        await client.cancel(run_id, origin=origin)
+    return sent
+
+
+# -- reading a run's plan and decision from its journal ------------------------------------------
+@attrs.frozen
+class ApprovalView:
+    """A run's plan and what became of it, derived from the journal."""
+
+    plan: Any
+    plan_step: int
+    decision: str
+    """``waiting`` (no decision yet), ``approved`` or ``rejected``."""
+    by: str | None = None
+    origin: JSON = None
+    at: float | None = None
+    payload: JSON = None
+    digest: str = ""
+    """:func:`plan_digest` of the plan: an approve naming another digest is ignored."""
+    early: bool = False
+    """The decision was sent before the plan was journaled (a raw ``signal``; the CLI's and
+    the console's approve refuse to)."""
+
+    @property
+    def items(self) -> list[dict[str, Any]] | None:
+        items = self.plan.get("items") if isinstance(self.plan, Mapping) else None
+        if isinstance(items, list) and all(isinstance(i, Mapping) for i in items):
+            return [dict(i) for i in items]
+        return None
+
+    @property
+    def title(self) -> str:
+        title = self.plan.get("title") if isinstance(self.plan, Mapping) else None
+        return str(title) if title else "Plan"
+
+    def as_dict(self) -> dict[str, JSON]:
+        return {"plan": self.plan, "plan_step": self.plan_step, "decision": self.decision,
+                "by": self.by, "origin": self.origin, "at": self.at, "payload": self.payload,
+                "digest": self.digest, "early": self.early}
+
+    def lines(self) -> list[str]:
+        """The plan as plain text lines (``show``)."""
+        out = [self.title]
+        items = self.items
+        if items is None:
+            out.append(f"  {self.plan!r}")
+        else:
+            for i in items:
+                kind = str(i.get("kind")).replace("_", " ")
+                out.append(f"  - {i.get('action')}: {kind} {i.get('id')}"
+                           + (f" · {i.get('detail')}" if i.get("detail") else ""))
+        return out
+
+
+def approval_view(run: Run, entries: Sequence[JournalEntry],
+                  signals: Sequence[Signal] = ()) -> ApprovalView | None:
+    """The run's plan and its decision, or None for a run without a plan.
+
+    The plan is the latest result of the step keyed ``plan`` (a replay from that step plans
+    again). The decision is the first ``approve`` or ``reject`` signal journaled after it
+    (``signal_sent``, with its origin), else one sent before any plan existed (``early``:
+    only a raw ``signal`` can send that; the run's ``wait_for`` takes it all the same). Its
+    payload is the one a ``wait_for`` received, else the stored signal's (``signals``, from
+    :meth:`Store.list_signals`), if given."""
+    plans = [e for e in entries
+             if e.step_key == PLAN_KEY and e.kind is EntryKind.STEP_COMPLETED]
+    if not plans:
+        return None
+    first, latest = plans[0], plans[-1]
+    plan = latest.data.get("result")
+    digest = plan_digest(plan)
+    stored = {s.seq: s.payload for s in signals}
+    received: dict[int, JSON] = {}
+    for e in entries:
+        if e.kind is EntryKind.SIGNAL_RECEIVED and isinstance(e.data.get("seq"), int):
+            received[int(e.data["seq"])] = e.data.get("payload")
+    after: JournalEntry | None = None
+    before: JournalEntry | None = None
+    for e in entries:
+        if e.kind is not EntryKind.SIGNAL_SENT or e.data.get("name") not in (APPROVE, REJECT):
+            continue
+        seq = e.data.get("seq")
+        payload = received.get(seq, stored.get(seq)) if isinstance(seq, int) else None
+        if e.data["name"] == APPROVE and _names_another_plan(payload, digest):
+            continue  # the run ignores it (an approval of an earlier plan)
+        if e.seq > latest.seq and after is None:
+            after = e
+        elif e.seq < first.seq and before is None:
+            before = e
+    step = latest.step or 0
+    decision = after or before
+    if decision is None:
+        return ApprovalView(plan, step, "waiting", digest=digest)
+    seq = decision.data.get("seq")
+    payload = received.get(seq, stored.get(seq)) if isinstance(seq, int) else None
+    origin = decision.data.get("origin")
+    return ApprovalView(plan, step,
+                        "approved" if decision.data["name"] == APPROVE else "rejected",
+                        origin_text(origin), origin, decision.at, payload,
+                        early=decision is before, digest=digest)
