@@ -16,6 +16,7 @@ it still holds its epoch (the store checks).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -64,9 +65,10 @@ from ._steps import (
     describe,
     refuse_unknown,
 )
-from ._types import JSON, NEVER, EntryKind, Fence, JournalWrite, Run, RunState
+from ._types import JSON, NEVER, EntryKind, Fence, Finish, JournalWrite, Run, RunState
 
 if TYPE_CHECKING:
+    from ._claims import PendingClaim
     from ._registry import Registry
     from .store import Store
 
@@ -140,6 +142,15 @@ class Attempt:
         """The worker's interceptors (None: none, and nothing is called)."""
         self._info: AttemptInfo | None = None
         self._told_lost = False
+        self.claim: PendingClaim | None = None
+        """Set while the run is only read, not claimed yet (durable/_claims.py): the first
+        journal write commits the claim with it."""
+        self.unclaimed = False
+        """Its claim did not hold: it never ran as far as anyone can tell, and ends
+        without a word."""
+        self.carry: Callable[[Finish], Awaitable[bool | None]] | None = None
+        """The worker's offer to commit this attempt's finish with its next claim (None:
+        it had nothing to ride on; the finish then commits on its own)."""
         self.log = get_logger("durable.attempt", workflow_id=run.id, workflow=run.workflow,
                               attempt=run.attempt, epoch=run.epoch)
 
@@ -196,6 +207,45 @@ class Attempt:
             self._told_lost = True
             tell(self.chain.lease_lost, self.info, self.lease.lost or "lease lost")
 
+    def adopt(self, run: Run, sent_at: float, sent_boot: float | None) -> None:
+        """The claim of this attempt committed: ``run`` as claimed, its lease from when
+        the claim was sent."""
+        self.claim = None
+        self.run = run
+        self.fence = Fence(run.id, run.epoch)
+        self.renewed(sent_at, sent_boot)
+        self.log = get_logger("durable.attempt", workflow_id=run.id, workflow=run.workflow,
+                              attempt=run.attempt, epoch=run.epoch)
+        self.log.info("attempt_started", in_doubt=0)
+
+    def drop(self, reason: str) -> None:
+        """The claim did not hold (or its attempt is replaced): stop, writing nothing."""
+        self.claim = None
+        self.unclaimed = True
+        self.lose(reason)
+
+    async def _claimed(self, entries: Sequence[JournalWrite] = ()) -> bool:
+        """Commit the pending claim (with ``entries``, its first journal write), or wait for
+        the commit under way; whether the attempt now holds the run (and ``entries``)."""
+        claim = self.claim
+        if claim is None:
+            return not self.unclaimed
+        if claim.taken:
+            await claim.done.wait()
+            return False  # entries not written (the claim may hold, they go next)
+        with self.lease.shielded(WRITE_TIMEOUT):
+            await claim.commit(entries)
+        if self.claim is not None or self.unclaimed:
+            raise self.refusal()
+        return True
+
+    async def ensure_claimed(self) -> None:
+        """Before anything but a journal write: the claim commits on its own first."""
+        if self.claim is not None:
+            await self._claimed()
+        if self.unclaimed:
+            raise self.refusal()
+
     def refusal(self) -> LeaseLostError:
         return LeaseLostError(
             f"attempt {self.run.attempt} of run {self.run.id} (epoch {self.run.epoch}) "
@@ -226,6 +276,10 @@ class Attempt:
             self.lose("lease expired locally")
             raise self.refusal()
         batch = self._take_deferred(entries)
+        if self.claim is not None:  # the first write carries the claim
+            if batch and await self._claimed(batch):
+                return
+            await self.ensure_claimed()
         if not batch:
             return
         written = False
@@ -252,6 +306,8 @@ class Attempt:
         if not intercepted and self.chain is not None and self.chain.write:
             return bool(await around(self.chain.write, WriteInfo(self.run, kind, entries),
                                      lambda: self.fenced(write, intercepted=True)))
+        if self.claim is not None:  # any write but the first journal write: claim first
+            await self.ensure_claimed()
         delay = 0.05
         while True:
             try:
@@ -272,6 +328,7 @@ class Attempt:
         if not self.lease.holds():
             self.lose("lease expired locally")
             raise self.refusal()
+        await self.ensure_claimed()
         batch = self._take_deferred([entry])
         written = False
         try:
@@ -287,6 +344,7 @@ class Attempt:
     async def assert_still_mine(self) -> None:
         if not self.holds_lease():
             raise self.refusal()
+        await self.ensure_claimed()
         run = await self.store.get_run(self.run.id)
         now = await self.store.now()  # the store's time, never this host's wall clock
         if (
@@ -380,6 +438,15 @@ class Attempt:
         ended = "superseded"
         with anyio.move_on_after(CLEANUP_TIMEOUT, shield=True) as cleanup:
             self.concluding = True
+            if self.claim is not None:  # nothing was written yet
+                if outcome[0] in ("stopped", "abandoned"):
+                    await self.claim.drop()  # stopped before its claim: nothing to undo
+                else:
+                    with contextlib.suppress(LeaseLostError):
+                        await self.ensure_claimed()  # then it ends as usual
+            if self.unclaimed:
+                self.log.debug("attempt_dropped", reason=self.lease.lost)
+                return "superseded"
             ended = await self._conclude(*outcome)
             if self._own_transport is not None:
                 await self._own_transport.aclose()
@@ -398,7 +465,8 @@ class Attempt:
         if self.run.attempt > 1:  # a first attempt's journal holds no steps yet
             steps.history = History.fold(await self.store.journal(self.run.id))
         doubtful = steps.history.in_doubt(self.fence.epoch)
-        self.log.info("attempt_started", in_doubt=len(doubtful))
+        if self.claim is None:  # else when the claim commits (adopt)
+            self.log.info("attempt_started", in_doubt=len(doubtful))
         if self.run.cancel_requested:
             # cancelled before this claim (then recovered or released): no workflow code
             # runs again; the conclusion lists the steps left in doubt
@@ -444,9 +512,8 @@ class Attempt:
         try:
             if kind == "completed":
                 entries = self._take_deferred([JournalWrite(EntryKind.RUN_COMPLETED)])
-                ok = await self.fenced(lambda: self.store.finish(
-                    self.fence, RunState.COMPLETED, result=value, entries=entries),
-                    "finish", len(entries))
+                ok = await self._finish(Finish(self.fence, RunState.COMPLETED, result=value,
+                                               entries=tuple(entries)))
                 log.info("run_completed") if ok else None
             elif kind == "failed":
                 exc: BaseException = value
@@ -459,9 +526,8 @@ class Attempt:
                 entries = self._take_deferred(
                     [*steps.doubt_entries("the run failed while it was in flight"),
                      JournalWrite(EntryKind.RUN_FAILED, data=data)])
-                ok = await self.fenced(lambda: self.store.finish(
-                    self.fence, RunState.FAILED, error=message, entries=entries),
-                    "finish", len(entries))
+                ok = await self._finish(Finish(self.fence, RunState.FAILED, error=message,
+                                               entries=tuple(entries)))
                 log.warning("run_failed", error=message) if ok else None
             elif kind == "abandoned":
                 log.warning("attempt_abandoned", reason=value,
@@ -501,6 +567,19 @@ class Attempt:
             log.warning("attempt_superseded", outcome=kind)
             return "superseded"
         return ended
+
+    async def _finish(self, finish: Finish) -> bool:
+        """The run's final state: with the worker's next claim when it has one (one commit
+        for both; the result waits at most durable._claims.RIDE_WAIT for it), else alone."""
+        async def write() -> bool:
+            if self.carry is not None and self.lease.holds():
+                carried = await self.carry(finish)
+                if carried is not None:
+                    return carried
+            return await self.store.finish(finish.fence, finish.state, result=finish.result,
+                                           error=finish.error, entries=finish.entries)
+
+        return await self.fenced(write, "finish", len(finish.entries))
 
     # -- what the contexts call ----------------------------------------------------------------
     async def run_step(self, act: Any, args: tuple[Any, ...], key: str | None) -> Any:

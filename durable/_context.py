@@ -121,6 +121,9 @@ class WorkflowContext:
     @property
     def epoch(self) -> int:
         """The attempt's fencing token."""
+        claim = self._attempt.claim
+        if claim is not None:  # not known before the claim commits (durable/_claims.py):
+            claim.void = True  # this attempt gives way to one that knows it
         return self._attempt.run.epoch
 
     @property

@@ -301,3 +301,31 @@ class SignalSent:
 
     state: RunState | None
     seq: int | None
+
+
+@attrs.frozen
+class Finish:
+    """A held run's move to a final state, as :meth:`durable.store.Store.finish` takes it:
+    handed to :meth:`durable.store.Store.claim_with` to commit with the worker's next claim."""
+
+    fence: Fence
+    state: RunState
+    result: JSON = None
+    error: str | None = None
+    entries: tuple[JournalWrite, ...] = ()
+
+
+@attrs.frozen
+class ClaimOutcome:
+    """What :meth:`durable.store.Store.claim_with` did.
+
+    ``finished``: one outcome per :class:`Finish` given (as ``finish`` returns it).
+    ``run``: the run as claimed (None: it was not claimable any more, nothing of it changed).
+    ``appended``: the run was claimed as the caller expected (the attempt number it
+    predicted, no pending cancel) and the entries were appended under the new epoch; False
+    with a ``run``: the claim holds, the entries were not written.
+    """
+
+    finished: tuple[bool, ...]
+    run: Run | None
+    appended: bool

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.lowlevel import cancel_shielded_checkpoint
 
 from . import _clock, _liveness, _wake
 from ._attempt import Attempt
+from ._claims import PendingClaim
 from ._errors import ConfigError, DurableError, StoreError
 from ._interceptors import Chain, ClaimInfo, Interceptor, RenewInfo, around, tell
 from ._logging import get_logger
@@ -24,7 +26,7 @@ from ._registry import Registry, Workflow, default_registry
 from ._retention import prune
 from ._schedules import Scheduler
 from ._steps import DEFAULT_WAIT_THRESHOLD
-from ._types import Fence, Run
+from ._types import Fence, Finish, Run, RunState
 from .store import Store
 
 SPAWN_WAVE = 4
@@ -129,6 +131,14 @@ class Worker:
         attempt by default, never fewer than httpx's default pool; more wait for a slot, and
         the wait is logged."""
         self.active: dict[Fence, Attempt] = {}
+        self.pending: dict[str, Attempt] = {}
+        """Attempts whose run was read, not claimed yet (durable/_claims.py), by run id:
+        they count against ``concurrency``; renewals and cancels skip them."""
+        self._runs: TaskGroup | None = None
+        self._more_queued = True
+        """Whether the last claim (or read) took all it could: more may be queued, so an
+        attempt's finish looks for a claim to ride on (else it commits at once)."""
+        self._http: httpx.AsyncBaseTransport | None = None
         """The attempts running here, by their fence: two attempts of one run (an older one
         still unwinding after it lost its lease, and the newer claim) are both counted, and
         neither's end drops the other."""
@@ -207,6 +217,7 @@ class Worker:
                 service.start_soon(self._schedule_loop)
                 service.start_soon(self._prune_loop)
                 async with anyio.create_task_group() as runs:
+                    self._runs, self._http = runs, transport
                     _wake.hub(self.store).workers.add(self)
                     self.log.info("worker_started", concurrency=self.concurrency,
                                   lease=self.lease, store=type(self.store).__name__,
@@ -215,10 +226,10 @@ class Worker:
                     task_status.started()
                     await self._claim_loop(runs, transport)
                     with anyio.move_on_after(self.grace) as self._grace_scope:
-                        while self.active:
+                        while self.active or self.pending:
                             await self._wait_changed()
                     self._grace_scope = None
-                    for attempt in list(self.active.values()):
+                    for attempt in [*self.active.values(), *self.pending.values()]:
                         attempt.stop("shutdown")
                 service.cancel_scope.cancel()
         finally:
@@ -238,18 +249,27 @@ class Worker:
     async def _claim_loop(self, runs: TaskGroup, transport: httpx.AsyncBaseTransport) -> None:
         failures = 0
         while not self._stopping:
-            free = self.concurrency - len(self.active)
+            free = self.concurrency - len(self.active) - len(self.pending)
             claimed: list[Run] = []
             if free > 0:
                 sent, sent_boot = anyio.current_time(), _clock.boottime()
+                workflows = sorted(self.registry.workflows)
                 try:
-                    if self._chain is None or not self._chain.claim:
-                        claimed = await self.store.claim(
-                            self.worker_id, self.lease, free,
-                            workflows=sorted(self.registry.workflows))
+                    read = None if free > 1 else await self._read_claims(free, workflows)
+                    if read is not None:  # claims that ride on the attempts' first writes
+                        for claim in read:
+                            await claim.settle()
+                        failures = 0
+                        if len(read) == free:
+                            continue
                     else:
-                        claimed = await self._intercepted_claim(free)
-                    failures = 0
+                        if self._chain is None or not self._chain.claim:
+                            claimed = await self.store.claim(
+                                self.worker_id, self.lease, free, workflows=workflows)
+                        else:
+                            claimed = await self._intercepted_claim(free)
+                        self._more_queued = len(claimed) >= free
+                        failures = 0
                 except StoreError as exc:
                     failures += 1
                     self.log.error("claim_failed", error=str(exc), failures=failures)
@@ -276,6 +296,86 @@ class Worker:
             self._chain.claim, ClaimInfo(self.worker_id, free, workflows),
             lambda: self.store.claim(self.worker_id, self.lease, free, workflows=workflows)))
 
+    # -- claims that ride on the first write (durable/_claims.py) ------------------------------
+    async def _read_claims(self, limit: int, workflows: list[str],
+                           carried: tuple[Finish, ...] = ()) -> list[PendingClaim] | None:
+        """Read what a claim would take and start attempts on it that claim with their
+        first write; None when the usual claim must do (the store cannot, or a run read has
+        started before: its attempt reads its journal first). For one free slot: more
+        are claimed at once by one statement (and their writes share commits anyway). Not
+        with interceptors: they see every claim, and each attempt with its claimed run."""
+        if not self.store.claims_ride_on_writes or self._runs is None or self._chain:
+            return None
+        read = await self.store.claimable(self.worker_id, limit, workflows=workflows)
+        self._more_queued = len(read) >= limit
+        if any(run.attempt or run.cancel_requested for run in read):
+            return None
+        held = {a.run.id for a in self.active.values()}
+        claims = []
+        for run in read:
+            if self._stopping or run.id in self.pending or run.id in held:
+                continue
+            claims.append(self._spawn_pending(run, workflows, carried))
+            carried = ()
+        return claims
+
+    def _spawn_pending(self, run: Run, workflows: list[str],
+                       carried: tuple[Finish, ...]) -> PendingClaim:
+        assert self._runs is not None
+        sent, sent_boot = anyio.current_time(), _clock.boottime()
+        # as the claim will make it (else the claim gives the run to a fresh attempt)
+        expected = attrs.evolve(run, state=RunState.RUNNING, attempt=run.attempt + 1,
+                                worker=self.worker_id)
+        attempt = Attempt(self.store, expected, self.registry, lease=self.lease,
+                          lease_sent_at=sent, lease_sent_boot=sent_boot,
+                          transport=self._http, worker_id=self.worker_id,
+                          console_url=self.console_url,
+                          wait_threshold=self.durable_wait_threshold)
+        claim = PendingClaim(self.store, self.worker_id, self.lease, run, attempt, carried,
+                             workflows, self._claim_committed)
+        attempt.claim = claim
+        attempt.carry = self._carry
+        self.pending[run.id] = attempt
+        self._runs.start_soon(self._execute, attempt, name=f"durable run {run.id}")
+        return claim
+
+    def _claim_committed(self, claim: PendingClaim) -> None:
+        attempt = claim.attempt
+        if self.pending.get(claim.read.id) is attempt:
+            del self.pending[claim.read.id]
+        self._changed.set()
+        outcome = claim.outcome
+        if outcome is None or outcome.run is None:
+            attempt.drop("the run was not claimable any more" if claim.error is None
+                         else f"the claim failed: {claim.error}")
+            self._wake.set()
+            return
+        sent, sent_boot = claim.sent
+        if outcome.appended and not claim.void:
+            attempt.adopt(outcome.run, sent, sent_boot)
+            self.active[attempt.fence] = attempt
+            attempt.log.info("run_claimed", worker=self.worker_id)
+            return
+        # claimed, but not the run the attempt was started on: a fresh attempt runs it
+        attempt.drop("the run changed before its claim")
+        assert self._runs is not None and self._http is not None
+        self._spawn(self._runs, outcome.run, sent, self._http, sent_boot)
+
+    async def _carry(self, finish: Finish) -> bool | None:
+        """An attempt's finish, committed with the claim of the next run when one can be
+        read right now (its outcome), else None: the finish then commits on its own."""
+        if (self._stopping or not self._more_queued
+                or self.concurrency - len(self.active) - len(self.pending) < 0):
+            return None
+        try:
+            claims = await self._read_claims(1, sorted(self.registry.workflows), (finish,))
+        except StoreError:
+            return None
+        if not claims:
+            return None
+        await claims[0].settle()
+        return claims[0].finished(0)
+
     def _spawn(self, runs: TaskGroup, run: Run, sent: float,
                transport: httpx.AsyncBaseTransport, sent_boot: float | None = None) -> None:
         attempt = Attempt(self.store, run, self.registry, lease=self.lease, lease_sent_at=sent,
@@ -298,9 +398,14 @@ class Worker:
         finally:
             if self.active.get(attempt.fence) is attempt:
                 del self.active[attempt.fence]
+            if self.pending.get(attempt.run.id) is attempt:
+                del self.pending[attempt.run.id]
             self._changed.set()
             self._wake.set()
-            _wake.hub(self.store).end(attempt.run.id)  # this process's waiters, at once
+            if not attempt.unclaimed:
+                _wake.hub(self.store).end(attempt.run.id)  # this process's waiters, at once
+        if attempt.unclaimed:
+            return
         try:  # other processes' waiters (PostgreSQL NOTIFY; a no-op where a commit signals)
             with anyio.fail_after(1.0):
                 await self.store.notify_finished(attempt.run.id)

@@ -268,6 +268,19 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
             return ok
 
         store.finish = finish  # type: ignore[method-assign]
+        original_claim_with = store.claim_with
+
+        async def claim_with(*args: Any, **kwargs: Any) -> Any:
+            # finishes committed with the next claim (the default calls finish: counted)
+            nonlocal finished
+            outcome = await original_claim_with(*args, **kwargs)
+            if type(store).claim_with is not durable.Store.claim_with:
+                finished += sum(outcome.finished)
+                if finished >= runs:
+                    done.set()
+            return outcome
+
+        store.claim_with = claim_with  # type: ignore[method-assign]
         worker = durable.Worker(store, registry=REGISTRY, concurrency=concurrency,
                                 poll_interval=0.05)
         async with anyio.create_task_group() as tg:

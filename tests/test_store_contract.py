@@ -21,7 +21,7 @@ import pytest
 
 from durable._clock import FakeClock
 from durable._errors import ConfigError, SchemaVersionError, StoreUnavailableError
-from durable._types import EntryKind, Fence, JournalWrite, NewRun, Run, RunState
+from durable._types import EntryKind, Fence, Finish, JournalWrite, NewRun, Run, RunState
 from durable.store import SCHEMA_VERSION, Store, store_from_url
 from tests.helpers import kinds, poll
 from tests.pg import TRIO_SKIP, connect_sync, pg_url, postgres_server, psycopg, split_url
@@ -264,6 +264,65 @@ async def test_claim_only_listed_workflows(store: Store) -> None:
     assert [r.id for r in await store.claim("w1", LEASE, 10, workflows=["known"])] == ["a"]
     assert await store.claim("w1", LEASE, 10, workflows=[]) == []
     assert [r.id for r in await store.claim("w1", LEASE, 10)] == ["b"]
+
+
+async def test_claimable_is_what_a_claim_would_take_read_without_a_write(store: Store) -> None:
+    await create(store, "a", workflow="known")
+    await create(store, "k1", key="k")
+    await create(store, "k2", key="k")
+    await create(store, "later", delay=60)
+    read = [r.id for r in await store.claimable("w1", 10, workflows=["known", "wf"])]
+    # a store without the read knows none (the worker then claims the usual way)
+    assert read == ([] if not store.claims_ride_on_writes else ["a", "k1"])
+    assert all(r.state is RunState.QUEUED for r in await store.list_runs())
+    assert await store.claimable("w1", 10, workflows=[]) == []
+
+
+async def test_claim_with_commits_the_finishes_then_claims_and_appends(store: Store) -> None:
+    first = await claim_one(await _with(store, "done"))
+    await create(store, "next")
+    stale = Fence("done", first.epoch + 1000)
+    result = await store.claim_with(
+        "w1", LEASE, "next", 1, [STEP],
+        [Finish(stale, RunState.FAILED, error="not mine"),  # refused: changes nothing else
+         Finish(fence(first), RunState.COMPLETED, result=7,
+                entries=(JournalWrite(EntryKind.RUN_COMPLETED),))])
+    assert result.finished == (False, True) and result.appended
+    assert result.run is not None and result.run.id == "next"
+    assert (result.run.state, result.run.attempt, result.run.worker) == (
+        RunState.RUNNING, 1, "w1")
+    done = await store.get_run("done")
+    assert done is not None and done.state is RunState.COMPLETED and done.result == 7
+    entries = await store.journal("next")
+    assert kinds(entries) == ["run_created", "run_claimed", "step_started"]
+    assert {e.epoch for e in entries[1:]} == {result.run.epoch}
+    assert entries[2].step_key == STEP.step_key
+    assert await store.append(fence(result.run), [DONE])  # the new fence holds
+
+
+async def test_claim_with_a_run_gone_or_changed_claims_nothing_or_appends_nothing(
+        store: Store) -> None:
+    first = await claim_one(await _with(store, "held"))
+    await create(store, "changed")
+    # not claimable (running elsewhere): nothing of it changes, the finish still commits
+    result = await store.claim_with("w2", LEASE, "held", 1, [STEP],
+                                    [Finish(fence(first), RunState.COMPLETED)])
+    assert result.finished == (True,) and result.run is None and not result.appended
+    assert await journal_kinds(store, "held") == ["run_created", "run_claimed"]
+    # claimed, but not as read (another attempt came in between): the claim holds, the
+    # entries were not written
+    released = await claim_one(store)
+    assert await store.release(fence(released))
+    result = await store.claim_with("w2", LEASE, "changed", 1, [STEP])
+    assert result.run is not None and result.run.attempt == 2 and not result.appended
+    assert result.run.state is RunState.RUNNING and result.run.worker == "w2"
+    assert "step_started" not in await journal_kinds(store, "changed")
+    assert (await store.claim_with("w3", LEASE, "missing", 1)).run is None
+
+
+async def _with(store: Store, run_id: str) -> Store:
+    await create(store, run_id)
+    return store
 
 
 # -- leases --------------------------------------------------------------------------------------

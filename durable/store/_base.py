@@ -24,8 +24,10 @@ from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec
 from .._types import (
     JSON,
+    ClaimOutcome,
     EntryKind,
     Fence,
+    Finish,
     JournalEntry,
     JournalWrite,
     NewRun,
@@ -315,6 +317,52 @@ class Store(abc.ABC):
         (:attr:`durable.Run.fencing_scope`). With ``workflows``, only runs of those
         workflows (a worker never claims a run it cannot execute).
         """
+
+    # -- a claim that rides on the attempt's first write (docs/design.md, "One commit
+    # per step") ----------------------------------------------------------------------------
+    claims_ride_on_writes: bool = False
+    """Whether the worker claims a run that never started by a read (:meth:`claimable`)
+    followed by :meth:`claim_with` carrying the attempt's first journal write and the
+    previous attempt's finish: one commit where three were. A store says so only when
+    :meth:`claim_with` is one transaction (SQLite); elsewhere it would only add a read."""
+
+    async def claimable(
+        self, worker: str, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[Run]:
+        """Up to ``limit`` runs that :meth:`claim` would claim now, read without a write
+        or a lock (another worker may claim them first). This default knows none: the
+        worker then claims the usual way."""
+        return []
+
+    async def claim_with(
+        self,
+        worker: str,
+        lease: float,
+        run_id: str,
+        attempt: int,
+        entries: Sequence[JournalWrite] = (),
+        finishes: Sequence[Finish] = (),
+        workflows: Sequence[str] | None = None,
+    ) -> ClaimOutcome:
+        """Commit ``finishes`` (each as :meth:`finish` would, each under its own fence,
+        each on its own: one refused changes nothing else), then claim run ``run_id`` as
+        :meth:`claim` would (``run_claimed`` journaled), and, when the claimed run has
+        attempt number ``attempt`` and no pending cancel (it is the run the caller read),
+        append ``entries`` under its new epoch.
+
+        SQLite does all of it in one transaction. This default does it in steps, each
+        committed on its own before the next (the finishes first: a result never waits on
+        a claim that fails), which is what a worker without it does anyway.
+        """
+        finished = tuple([
+            await self.finish(f.fence, f.state, result=f.result, error=f.error,
+                              entries=f.entries) for f in finishes])
+        runs = await self.claim(worker, lease, 1, run_id=run_id, workflows=workflows)
+        run = runs[0] if runs else None
+        appended = False
+        if run is not None and run.attempt == attempt and not run.cancel_requested:
+            appended = not entries or await self.append(Fence(run.id, run.epoch), entries)
+        return ClaimOutcome(finished, run, appended)
 
     @abc.abstractmethod
     async def renew(

@@ -31,8 +31,10 @@ from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec, schedule_params
 from .._types import (
     JSON,
+    ClaimOutcome,
     EntryKind,
     Fence,
+    Finish,
     JournalEntry,
     JournalWrite,
     NewRun,
@@ -64,6 +66,12 @@ Q = load_queries("sqlite")
 # one recovery statement, two ways of choosing the runs (queries.sql: recover_which_*)
 Q["recover_stale"] = Q["recover"].replace("/*which*/", Q["recover_which_stale"])
 Q["recover_dead"] = Q["recover"].replace("/*which*/", Q["recover_which_dead"])
+# one claim statement, two ways of choosing the runs (claim_which_*), and one set of
+# conditions for what a claim may take (claimable_where)
+Q["claim_run"] = Q["claim"].replace("/*which*/", Q["claim_which_run"])
+Q["claim"] = Q["claim"].replace("/*which*/", Q["claim_which_queue"])
+for _name in ("claim", "claim_run", "claimable"):
+    Q[_name] = Q[_name].replace("/*claimable*/", Q["claimable_where"])
 
 
 def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:
@@ -419,16 +427,64 @@ class SqliteStore(Store):
         def tx(conn: sqlite3.Connection) -> list[Run]:
             runs = [Run.from_row(r) for r in conn.execute(Q["claim"], params).fetchall()]
             for run in runs:
-                conn.execute(
-                    Q["append_unfenced"],
-                    _entry_params(
-                        Fence(run.id, run.epoch),
-                        JournalWrite(EntryKind.RUN_CLAIMED, attempt=run.attempt,
-                                     data={"worker": worker}),
-                        now,
-                    ),
-                )
+                _journal_claim(conn, run, worker, now)
             return runs
+
+        return await self._run(tx)
+
+    # -- a claim riding on the first write (Store.claim_with) ------------------------------
+    claims_ride_on_writes = True
+
+    async def claimable(
+        self, worker: str, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[Run]:
+        params = {"limit": limit, "now": self.clock.now(),
+                  "workflows": None if workflows is None else json.dumps(list(workflows))}
+
+        def read(conn: sqlite3.Connection) -> list[Run]:
+            return [Run.from_row(r) for r in conn.execute(Q["claimable"], params)]
+
+        return await self._run(read, write=False)
+
+    async def claim_with(
+        self,
+        worker: str,
+        lease: float,
+        run_id: str,
+        attempt: int,
+        entries: Sequence[JournalWrite] = (),
+        finishes: Sequence[Finish] = (),
+        workflows: Sequence[str] | None = None,
+    ) -> ClaimOutcome:
+        """One transaction: each finish in a savepoint of its own, then the claim, then
+        the entries (only with the claim as expected)."""
+        now = self.clock.now()
+        done = [self._finish_tx(f.fence, f.state, f.result, f.error, f.entries, now)
+                for f in finishes]
+        params = {"worker": worker, "lease": lease, "run_id": run_id, "now": now,
+                  "workflows": None if workflows is None else json.dumps(list(workflows))}
+
+        def tx(conn: sqlite3.Connection) -> ClaimOutcome:
+            finished = []
+            for finish in done:
+                conn.execute("SAVEPOINT finish")
+                try:
+                    finished.append(finish(conn))
+                except _Fenced:
+                    conn.execute("ROLLBACK TO finish")
+                    finished.append(False)
+                conn.execute("RELEASE finish")
+            row = conn.execute(Q["claim_run"], params).fetchone()
+            if row is None:
+                return ClaimOutcome(tuple(finished), None, False)
+            run = Run.from_row(row)
+            _journal_claim(conn, run, worker, now)
+            if run.attempt != attempt or run.cancel_requested:
+                return ClaimOutcome(tuple(finished), run, False)
+            fence = Fence(run.id, run.epoch)
+            for entry in entries:
+                conn.execute(Q["append_unfenced"], _entry_params(fence, entry, now))
+            return ClaimOutcome(tuple(finished), run, True)
 
         return await self._run(tx)
 
@@ -484,7 +540,14 @@ class SqliteStore(Store):
         error: str | None = None,
         entries: Sequence[JournalWrite] = (),
     ) -> bool:
-        now = self.clock.now()
+        return await self._fenced(
+            self._finish_tx(fence, state, result, error, entries, self.clock.now()))
+
+    @staticmethod
+    def _finish_tx(fence: Fence, state: RunState, result: JSON, error: str | None,
+                   entries: Sequence[JournalWrite],
+                   now: float) -> Callable[[sqlite3.Connection], bool]:
+        """The statements of :meth:`finish` (raising _Fenced to roll back), encoded now."""
         rows = [_entry_params(fence, e, now) for e in entries]
         params = {
             "run_id": fence.run_id,
@@ -503,7 +566,7 @@ class SqliteStore(Store):
                 raise _Fenced
             return True
 
-        return await self._fenced(tx)
+        return tx
 
     async def release(self, fence: Fence, entries: Sequence[JournalWrite] = (), *,
                       run_at: float | None = None, waiting_for: str | None = None,
@@ -859,6 +922,13 @@ def count_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:
     """The count statement for the filters given and its parameters."""
     where, params = run_filters(Q, **filters)
     return Q["count_runs"].replace("/*where*/", where), params
+
+
+def _journal_claim(conn: sqlite3.Connection, run: Run, worker: str, now: float) -> None:
+    conn.execute(Q["append_unfenced"], _entry_params(
+        Fence(run.id, run.epoch),
+        JournalWrite(EntryKind.RUN_CLAIMED, attempt=run.attempt, data={"worker": worker}),
+        now))
 
 
 class _Fenced(Exception):

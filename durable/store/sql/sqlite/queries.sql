@@ -76,11 +76,27 @@ SET state = 'running',
     heartbeat_at = :now,
     updated_at = :now,
     waiting_for = NULL
-WHERE +state = 'queued'  -- unary +: look the chosen ids up by primary key, not the queue
+WHERE /*which*/
+RETURNING *;
+
+-- name: claim_which_queue
+-- claim: the first :limit of the queue (or :run_id among them)
++state = 'queued'  -- unary +: look the chosen ids up by primary key, not the queue
   AND id IN (
     SELECT r.id FROM durable_runs AS r
-    WHERE r.state = 'queued' AND r.run_at <= :now
+    WHERE /*claimable*/
       AND (:run_id IS NULL OR r.id = :run_id)
+    ORDER BY r.run_at, r.created_at, r.id
+    LIMIT :limit)
+
+-- name: claim_which_run
+-- claim_run: one run by its id (Store.claim_with: the run a worker read with claimable), if
+-- a claim may still take it
+id = (SELECT r.id FROM durable_runs AS r WHERE r.id = :run_id AND /*claimable*/)
+
+-- name: claimable_where
+-- Which queued runs a claim may take (claim, claim_run, claimable: one set of conditions).
+r.state = 'queued' AND r.run_at <= :now
       AND (:workflows IS NULL OR r.workflow IN (SELECT value FROM json_each(:workflows)))
       -- A key is held by its running run, and by a run that has started and is queued
       -- again (released or recovered): it comes first, ahead of runs that never started,
@@ -91,9 +107,13 @@ WHERE +state = 'queued'  -- unary +: look the chosen ids up by primary key, not 
             AND r.id = (SELECT y.id FROM durable_runs AS y
                         WHERE y.concurrency_key = r.concurrency_key AND y.state = 'queued'
                         ORDER BY y.attempt = 0, y.run_at, y.created_at, y.id LIMIT 1)))
-    ORDER BY r.run_at, r.created_at, r.id
-    LIMIT :limit)
-RETURNING *;
+
+-- name: claimable
+-- What claim would take now, by a read (no write, no lock).
+SELECT r.* FROM durable_runs AS r
+WHERE /*claimable*/
+ORDER BY r.run_at, r.created_at, r.id
+LIMIT :limit;
 
 -- name: renew
 UPDATE durable_runs
