@@ -80,7 +80,8 @@ class PendingClaim:
             with anyio.fail_after(WRITE_TIMEOUT, shield=True):
                 self.outcome = await self.store.claim_with(
                     self.worker_id, self.lease, self.read.id, self.read.attempt + 1,
-                    () if self.void else entries, self.carried, workflows=self.workflows)
+                    () if self.void else entries, finishes=self.carried,
+                    workflows=self.workflows)
         except (StoreError, TimeoutError) as exc:
             self.error = exc if isinstance(exc, StoreError) else StoreError(
                 f"the claim of run {self.read.id} did not answer in {WRITE_TIMEOUT:g} s")

@@ -77,6 +77,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import durable  # noqa: E402
+from durable.store._base import watch_finishes  # noqa: E402
 from durable.store._thread import DbThread  # noqa: E402
 
 STEPS = 5
@@ -257,30 +258,14 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
         # Count finished runs as the worker records them: no polling, no extra reads.
         done = anyio.Event()
         finished = 0
-        original_finish = store.finish
 
-        async def finish(*args: Any, **kwargs: Any) -> bool:
+        def finish(fence: Any, ok: bool) -> None:
             nonlocal finished
-            ok = await original_finish(*args, **kwargs)
             finished += 1
             if finished >= runs:
                 done.set()
-            return ok
 
-        store.finish = finish  # type: ignore[method-assign]
-        original_claim_with = store.claim_with
-
-        async def claim_with(*args: Any, **kwargs: Any) -> Any:
-            # finishes committed with the next claim (the default calls finish: counted)
-            nonlocal finished
-            outcome = await original_claim_with(*args, **kwargs)
-            if type(store).claim_with is not durable.Store.claim_with:
-                finished += sum(outcome.finished)
-                if finished >= runs:
-                    done.set()
-            return outcome
-
-        store.claim_with = claim_with  # type: ignore[method-assign]
+        watch_finishes(store, finish)  # also those carried by the next run's claim
         worker = durable.Worker(store, registry=REGISTRY, concurrency=concurrency,
                                 poll_interval=0.05)
         async with anyio.create_task_group() as tg:

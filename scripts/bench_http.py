@@ -58,6 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import durable  # noqa: E402
+from durable.store._base import watch_finishes  # noqa: E402
 
 REGISTRY = durable.Registry()
 TARGET_FIRST_MS = 100.0
@@ -204,7 +205,7 @@ async def measure(base: str, runs: int, *, default_transport: bool,
             await client.start(one_request, f"{base}/slow", id=f"http-{i:06d}")
         claimed_at: list[float] = []
         cpu: list[tuple[float, float]] = []  # (monotonic, process CPU) from the claim on
-        original_claim, original_finish = store.claim, store.finish
+        original_claim = store.claim
         finished = 0
         done = anyio.Event()
         last_finish = 0.0
@@ -216,17 +217,15 @@ async def measure(base: str, runs: int, *, default_transport: bool,
                 cpu.append((claimed_at[0], time.process_time()))
             return got
 
-        async def finish(*args: Any, **kwargs: Any) -> bool:
+        def finish(fence: Any, ok: bool) -> None:
             nonlocal finished, last_finish
-            ok = await original_finish(*args, **kwargs)
             finished += 1
             last_finish = time.monotonic()
             if finished >= runs:
                 done.set()
-            return ok
 
         store.claim = claim  # type: ignore[method-assign]
-        store.finish = finish  # type: ignore[method-assign]
+        watch_finishes(store, finish)  # also those carried by the next run's claim
         worker = durable.Worker(store, registry=REGISTRY, concurrency=runs,
                                 poll_interval=0.05, transport=transport)
         async def sample_cpu() -> None:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import durable  # noqa: E402
 from durable.store import Store, store_from_url  # noqa: E402
+from durable.store._base import watch_finishes  # noqa: E402
 from tests.httpserver import Rule, loopback_server  # noqa: E402
 
 registry = durable.default_registry
@@ -151,14 +152,11 @@ async def bench_start(url: str, runs: int, label: str, out: Callable[[str], None
     async with opened(url) as store:
         client = durable.Client(store, registry=registry)
         committed: dict[str, float] = {}
-        finish = store.finish
 
-        async def timed_finish(fence: Any, *args: Any, **kwargs: Any) -> bool:
-            ok = await finish(fence, *args, **kwargs)
+        def timed_finish(fence: Any, ok: bool) -> None:
             committed[fence.run_id] = time.perf_counter()
-            return ok
 
-        store.finish = timed_finish  # type: ignore[method-assign]
+        unwatch = watch_finishes(store, timed_finish)  # also those carried by a claim
         returned: dict[str, float] = {}
         wait = client.wait
 
@@ -170,7 +168,7 @@ async def bench_start(url: str, runs: int, label: str, out: Callable[[str], None
         client.wait = timed_wait  # type: ignore[method-assign]
         async with worker_on(store, poll=60.0):
             lat, rate, extra = await start_to_result(client, runs, polled=False, prefix="in")
-        store.finish = finish  # type: ignore[method-assign]
+        unwatch()
         client.wait = wait  # type: ignore[method-assign]
         out(row(f"{label} start->result, worker in this process", lat, extra))
         out(row(f"{label} finish committed -> wait returned, worker in this process",

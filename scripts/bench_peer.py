@@ -210,10 +210,12 @@ def durable_side() -> Any:
     import anyio
 
     import durable
+    from durable.store._base import watch_finishes
 
     reg = durable.Registry()
     once = durable.RetryPolicy(max_tries=1)
     ns: dict[str, Any] = {"durable": durable, "anyio": anyio, "registry": reg,
+                          "watch_finishes": watch_finishes,
                           "parked_event": None, "crash_mode": "run",
                           "entered": {}}
 
@@ -298,16 +300,13 @@ async def durable_engine(url: str, concurrency: int, *, lease: float = 30.0) -> 
     await store.open()
     client = durable.Client(store, registry=ns["registry"])
     tracker: dict[str, Any] = {"finished": 0, "target": None, "event": anyio.Event()}
-    original_finish = store.finish
 
-    async def finish(*args: Any, **kwargs: Any) -> Any:
-        ok = await original_finish(*args, **kwargs)
+    def finish(fence: Any, ok: bool) -> None:
         tracker["finished"] += 1
         if tracker["target"] is not None and tracker["finished"] >= tracker["target"]:
             tracker["event"].set()
-        return ok
 
-    store.finish = finish
+    ns["watch_finishes"](store, finish)  # also those carried by the next run's claim
     worker = durable.Worker(store, registry=ns["registry"], concurrency=concurrency,
                             poll_interval=0.05, grace=0.5, lease=lease)
     try:
@@ -342,16 +341,13 @@ async def durable_noop_one(url: str, runs: int, at_once: bool,
         client = durable.Client(store, registry=ns["registry"])
         finished = {"n": 0}
         done = anyio.Event()
-        original_finish = store.finish
 
-        async def finish(*args: Any, **kwargs: Any) -> Any:
-            ok = await original_finish(*args, **kwargs)
+        def finish(fence: Any, ok: bool) -> None:
             finished["n"] += 1
             if finished["n"] >= runs:
                 done.set()
-            return ok
 
-        store.finish = finish
+        ns["watch_finishes"](store, finish)  # also those carried by the next run's claim
         worker = durable.Worker(store, registry=ns["registry"],
                                 concurrency=runs if at_once else 1, poll_interval=0.05)
         start = mark()

@@ -12,7 +12,7 @@ errors become :class:`durable.StoreError` subclasses at this boundary.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -565,3 +565,31 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def get_pruned(self, run_id: str) -> PrunedRun | None:
         """The tombstone of a pruned run, or None."""
+
+
+def watch_finishes(store: Store, seen: Callable[[Fence, bool], None]) -> Callable[[], None]:
+    """Call ``seen(fence, ok)`` after each finish ``store`` commits (or its fence refuses),
+    whether by :meth:`Store.finish` or carried by :meth:`Store.claim_with`; returns a
+    function that stops watching. For benchmarks and tests (it replaces the two methods on
+    the instance)."""
+    finish, claim_with = store.finish, store.claim_with
+    carries = type(store).claim_with is not Store.claim_with  # the default calls finish
+
+    async def watched_finish(fence: Fence, *args: Any, **kwargs: Any) -> bool:
+        ok = await finish(fence, *args, **kwargs)
+        seen(fence, ok)
+        return ok
+
+    async def watched_claim_with(*args: Any, **kwargs: Any) -> ClaimOutcome:
+        outcome = await claim_with(*args, **kwargs)
+        if carries:
+            for carried, ok in zip(kwargs.get("finishes", ()), outcome.finished, strict=True):
+                seen(carried.fence, ok)
+        return outcome
+
+    def unwatch() -> None:
+        store.finish, store.claim_with = finish, claim_with  # type: ignore[method-assign]
+
+    store.finish = watched_finish  # type: ignore[method-assign]
+    store.claim_with = watched_claim_with  # type: ignore[method-assign]
+    return unwatch
