@@ -20,8 +20,7 @@ the attempt holds nothing, whatever anyio's clock says (docs/design.md, "Clocks"
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from typing import Any
 
 import anyio
 
@@ -63,20 +62,38 @@ class Lease:
         for scope in list(self._bounded):
             scope.cancel()
 
-    @contextmanager
-    def shielded(self, timeout: float) -> Iterator[anyio.CancelScope]:
+    def shielded(self, timeout: float) -> _Shielded:
         """A scope that a stop does not cancel, bounded by ``timeout`` and by the lease:
         it ends at the local lease deadline, and at once when the lease is lost."""
         scope = anyio.CancelScope(
             shield=True, deadline=min(anyio.current_time() + timeout, self.deadline))
         if self.lost is not None:
             scope.cancel()
-        self._bounded.add(scope)
+        return _Shielded(self._bounded, scope)
+
+
+class _Shielded:
+    """:meth:`Lease.shielded`'s context manager (a class: it is on every journal write)."""
+
+    __slots__ = ("_bounded", "_scope")
+
+    def __init__(self, bounded: set[anyio.CancelScope], scope: anyio.CancelScope) -> None:
+        self._bounded = bounded
+        self._scope = scope
+
+    def __enter__(self) -> anyio.CancelScope:
+        self._bounded.add(self._scope)
         try:
-            with scope:
-                yield scope
+            return self._scope.__enter__()
+        except BaseException:
+            self._bounded.discard(self._scope)
+            raise
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            return bool(self._scope.__exit__(*exc))
         finally:
-            self._bounded.discard(scope)
+            self._bounded.discard(self._scope)
 
 
 def _boot_time(sent_at: float, sent_boot: float | None) -> float:

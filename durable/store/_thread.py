@@ -47,15 +47,26 @@ def _checkpoint(conn: sqlite3.Connection) -> None:
 
 
 class _Job(Generic[T]):
-    __slots__ = ("error", "event", "fn", "result", "wake", "write")
+    __slots__ = ("_event", "error", "fn", "result", "wake", "write")
 
     def __init__(self, fn: Callable[[sqlite3.Connection], T], write: bool) -> None:
         self.fn = fn
         self.write = write
         self.result: T | None = None
         self.error: BaseException | None = None
-        self.event = anyio.Event()
-        self.wake: Callable[[], None] = self.event.set  # replaced when handed to the thread
+        self._event: anyio.Event | None = None
+        self.wake: Callable[[], None] = self._set  # replaced when handed to the thread
+
+    @property
+    def event(self) -> anyio.Event:
+        """Set when the job is done; made on first use (in the event loop's thread): the
+        writer that commits its own batch inline never waits for one."""
+        if self._event is None:
+            self._event = anyio.Event()
+        return self._event
+
+    def _set(self) -> None:
+        self.event.set()
 
     def outcome(self) -> T:
         if self.error is not None:
