@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 import durable
+import durable.testing
 from durable import RunState
 from durable._clock import FakeClock
 from durable._report import render_timeline
@@ -341,3 +342,56 @@ async def test_pruning_a_finished_run_deletes_its_signals(
     await prune(client.store, 60.0, (RunState.COMPLETED,))
     assert await client.store.get_run("gate") is None
     assert await client.store.list_signals("gate") == []
+
+
+async def test_a_signal_from_another_process_wakes_an_idle_worker_without_a_poll(
+        store_url: str, clock: FakeClock, registry: durable.Registry) -> None:
+    """The worker polls every 30 s; the signal, sent through another store (as another
+    process would: no in-process wake-up), reaches it by the store's change signal (SQLite
+    data_version, PostgreSQL NOTIFY from the update trigger) within seconds."""
+    declare(registry)
+    async with durable.Client.connect(store_url, clock=clock, registry=registry) as worker_side, \
+            durable.Client.connect(store_url, clock=clock, registry=registry) as sender:
+        async with running_worker(worker_side, registry, poll_interval=30.0):
+            await sender.start("s.one", id="gate")
+            await waiting(sender, "gate", "approve")
+            await anyio.sleep(0.3)  # the worker is idle, back in its wait for work
+            assert await sender.signal("gate", "approve", "go")
+            done = await sender.wait("gate", timeout=10)
+    assert done.state is RunState.COMPLETED and done.result == "go"
+
+
+async def test_a_waiting_run_keeps_its_concurrency_key(
+        client: durable.Client, registry: durable.Registry) -> None:
+    ran = declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.one", id="first", key="slot-1")
+        await waiting(client, "first", "approve")
+        await client.start("s.three", id="second", key="slot-1")
+        await anyio.sleep(0.3)  # many claim loops: the second run waits behind the first
+        second = await client.store.get_run("second")
+        assert second is not None and second.attempt == 0
+        await client.signal("first", "approve", "ok")
+        assert (await client.wait("first", timeout=15)).state is RunState.COMPLETED
+        for n in (1, 2, 3):
+            await client.signal("second", "n", n)
+        assert (await client.wait("second", timeout=15)).result == [1, 2, 3]
+    assert ran == ["asked", "answered"]
+
+
+async def test_payloads_are_journaled_but_never_logged(
+        client: durable.Client, registry: durable.Registry) -> None:
+    declare(registry)
+    secret = "payload-7f3a9c-not-for-logs"
+    with durable.testing.capture_logs() as logs:
+        async with running_worker(client, registry):
+            await client.start("s.one", id="gate")
+            await waiting(client, "gate", "approve")
+            await client.signal("gate", "approve", {"note": secret}, id="s1")
+            await client.wait("gate", timeout=15)
+    events = {e["event"] for e in logs}
+    assert {"signal_sent", "signal_received", "run_waiting"} <= events
+    assert secret not in repr(logs)
+    received = [e for e in await client.store.journal("gate")
+                if e.kind is EntryKind.SIGNAL_RECEIVED]
+    assert received[0].data["payload"] == {"note": secret}

@@ -281,3 +281,17 @@ async def test_show_says_until_when_a_run_sleeps(
     assert re.search(rf"durable\.sleep +sleeping +until {wake}", asleep), asleep
     after = render_timeline(done, await client.store.journal("nap"))
     assert re.search(r"durable\.sleep +completed +1\.0 h", after), after
+
+
+async def test_cancel_during_a_short_sleep_in_the_attempt_stops_it_at_once(
+        client: durable.Client, registry: durable.Registry, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    declare(registry, log)
+    async with running_worker(client, registry):
+        await client.start("t.nap", 1.5, id="short")
+        await poll(lambda: _state_is(client, "short", RunState.RUNNING, attempt=1))
+        await poll(lambda: lines(log) == ["before"])
+        await client.cancel("short")
+        with anyio.fail_after(5):  # the fake clock never moves: only the cancel ends it
+            done = await client.wait("short", timeout=5)
+    assert done.state is RunState.CANCELLED and lines(log) == ["before"]
