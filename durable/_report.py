@@ -640,6 +640,9 @@ class _View:
                 details.append(("args", json.dumps(args[row["try"]])))
             if state in ("completed",) and row["try"] in results:
                 details.append(("result", json.dumps(results[row["try"]])))
+            if state == "received":  # the signal a wait_for received: its payload in full
+                details.extend(("payload", json.dumps(e.data.get("payload"))) for e in entries
+                               if e.step == number and e.kind is EntryKind.SIGNAL_RECEIVED)
             if row["summary"] is not None:
                 details.append(("summary", _short(row["summary"])))
             if row.get("retry_in") is not None:

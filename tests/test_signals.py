@@ -308,6 +308,13 @@ async def test_list_show_and_json_say_what_a_run_waits_for(
     [row] = [r for r in shown["steps"] if r.get("activity") == "durable.wait_for"]
     assert row["state"] == "waiting" and row["signal"] == "approve" and row["until"] is None
     assert shown["report"]["state"] == "queued" and shown["report"]["in_doubt"] == []
+    async with durable.Client.connect(db_url, clock=clock, registry=registry) as client:
+        await client.signal("gate", "approve", {"by": "bob"})
+        async with running_worker(client, registry):
+            done = await client.wait("gate", timeout=15)
+        step = render_timeline(done, await client.store.journal("gate"), step=2)
+    assert re.search(r"try -  received .*\n    payload  \{\"by\": \"bob\"\}\n"
+                     r"    summary  signal 'approve' received \(seq 1\)", step), step
 
 
 async def test_the_console_says_what_a_run_waits_for(
