@@ -74,6 +74,11 @@ def declare(registry: durable.Registry) -> list[str]:
         await ctx.sleep(3600)  # released again: the re-execution must time out the same way
         return "done"
 
+    @durable.workflow("s.strict", registry=registry)
+    async def strict(ctx: durable.WorkflowContext) -> Any:
+        await mark(ctx, "asked")
+        return await ctx.wait_for("approve", timeout=10)
+
     return ran
 
 
@@ -402,3 +407,26 @@ async def test_payloads_are_journaled_but_never_logged(
     received = [e for e in await client.store.journal("gate")
                 if e.kind is EntryKind.SIGNAL_RECEIVED]
     assert received[0].data["payload"] == {"note": secret}
+
+
+
+async def test_a_timed_out_wait_is_kept_by_a_replay_and_waited_again_from_its_step(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    ran = declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.strict", id="strict")
+        await waiting(client, "strict", "approve")
+        clock.advance(10)
+        failed = await client.wait("strict", timeout=15)
+        assert failed.state is RunState.FAILED
+        assert "SignalTimeout: no signal 'approve' arrived within 10 s" in (failed.error or "")
+        await client.replay("strict")  # the timeout is journaled: the same outcome again
+        again = await client.wait("strict", timeout=15)
+        assert again.state is RunState.FAILED and "SignalTimeout" in (again.error or "")
+        await client.replay("strict", from_step=2)  # the wait's step: it waits afresh
+        run = await waiting(client, "strict", "approve", attempt=4)
+        assert run.run_at == pytest.approx(clock.now() + 10)
+        await client.signal("strict", "approve", "late but fine")
+        done = await client.wait("strict", timeout=15)
+    assert done.state is RunState.COMPLETED and done.result == "late but fine"
+    assert ran == ["asked"]
