@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,16 +98,25 @@ class Ops:
         return [e for e in self.services.ledger(method=method) if e["path"].startswith(prefix)]
 
 
-@pytest.fixture(name="ops")
-async def ops_fixture(fake_services: FakeServices, tmp_path: Path,
-              monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Ops]:
+@asynccontextmanager
+async def open_ops(fake_services: FakeServices, tmp_path: Path,
+                   monkeypatch: pytest.MonkeyPatch, url: str | None = None
+                   ) -> AsyncIterator[Ops]:
+    """The operations' environment on the store at ``url`` (default: a fresh SQLite file)."""
     assert workflows.slots.reset.name == "slot.reset"  # registered by the import
     for name, value in service_env(fake_services, tmp_path).items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DURABLE_GIT_TIMEOUT", raising=False)
-    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    url = url or f"sqlite:///{tmp_path / 'ops.db'}"
     async with durable.Client.connect(url) as client:
         yield Ops(client, fake_services, tmp_path, url)
+
+
+@pytest.fixture(name="ops")
+async def ops_fixture(fake_services: FakeServices, tmp_path: Path,
+              monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Ops]:
+    async with open_ops(fake_services, tmp_path, monkeypatch) as ops:
+        yield ops
 
 
 def git_head(bare_repo: Path, branch: str = "main") -> str:
@@ -135,4 +144,5 @@ def worker_process(ops: Ops, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
         yield proc
 
 
-__all__ = ["TEMPLATE", "Ops", "alive", "git_head", "ops_fixture", "service_env", "worker_process"]
+__all__ = ["TEMPLATE", "Ops", "alive", "git_head", "open_ops", "ops_fixture", "service_env",
+           "worker_process"]
