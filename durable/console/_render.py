@@ -286,8 +286,9 @@ def approval_block(d: RunDetail) -> str:
                    f"<th>as read from the service</th></tr>{rows}</table>")
     if gate.decision == "waiting":
         status = ('<p class="decision waiting">Waiting for approval: nothing is done until an '
-                  "operator approves. The plan is read again right before acting; if anything "
-                  "changed, the run stops and deletes nothing.</p>"
+                  "operator approves (the forms below; reload the page if they are not there "
+                  "yet). The plan is read again right before acting; if anything changed, the "
+                  "run stops and deletes nothing.</p>"
                   if not d.run.state.finished else
                   '<p class="decision none">The run ended before a decision.</p>')
     else:
