@@ -364,8 +364,9 @@ class Worker:
     async def _carry(self, finish: Finish) -> bool | None:
         """An attempt's finish, committed with the claim of the next run when one can be
         read right now (its outcome), else None: the finish then commits on its own."""
-        if (self._stopping or not self._more_queued
-                or self.concurrency - len(self.active) - len(self.pending) < 0):
+        # attempts that are concluding hold no slot: their finish is what rides here
+        busy = sum(1 for a in self.active.values() if not a.concluding) + len(self.pending)
+        if self._stopping or not self._more_queued or busy >= self.concurrency:
             return None
         try:
             claims = await self._read_claims(1, sorted(self.registry.workflows), (finish,))

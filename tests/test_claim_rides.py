@@ -71,9 +71,10 @@ def steps_registry(calls: list[int] | None = None) -> tuple[durable.Registry, An
     return registry, steps
 
 
+@pytest.mark.parametrize("steps", [STEPS, 1])
 async def test_sequential_runs_commit_once_per_step_and_the_last_result_at_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    registry, steps = steps_registry()
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
+    registry, workflow = steps_registry()
     # a loaded machine may take longer than the wait to reach a first write: then the claim
     # commits on its own (one commit more); here only the first write may commit it
     monkeypatch.setattr(_claims, "RIDE_WAIT", 30.0)
@@ -84,20 +85,21 @@ async def test_sequential_runs_commit_once_per_step_and_the_last_result_at_once(
     try:
         client = durable.Client(store, registry=registry)
         for i in range(runs):
-            await client.start(steps, STEPS, id=f"r{i:02d}")
+            await client.start(workflow, steps, id=f"r{i:02d}")
         before = commits[0]
         # no renewal falls in the block: only the runs' own commits are counted
         async with running_worker(client, registry, concurrency=1, lease=600.0,
                                   heartbeat_interval=300.0):
             for i in range(runs):
-                assert (await client.wait(f"r{i:02d}", timeout=30)).result == 10
+                assert (await client.wait(f"r{i:02d}", timeout=30)).result == sum(
+                    range(steps))
             used = commits[0] - before
-        # each run: its claim with step 1 (and the previous run's finish), steps 2 to 5;
-        # the last run's finish commits on its own, at once (nothing queued to ride on)
-        assert used == runs * STEPS + 1
+        # each run: its claim with step 1 (and the previous run's finish), the other
+        # steps; the last run's finish commits on its own, at once (nothing queued)
+        assert used == runs * steps + 1
         journal = await client.journal("r05")
         assert kinds(journal) == ["run_created", "run_claimed", *(
-            ["step_started", "step_completed"] * STEPS), "run_completed"]
+            ["step_started", "step_completed"] * steps), "run_completed"]
     finally:
         await store.aclose()
 
