@@ -115,6 +115,44 @@ async def worker_on(store: Store, *, signals: bool = True, poll: float = 0.5,
             worker.shutdown(grace=0)
 
 
+STORE_CALLS = ("now", "create_run", "get_run", "claim", "claim_with", "append", "finish",
+               "release", "renew", "recover_stale", "cancels_requested", "journal")
+"""The store methods that reach the database (each one statement or transaction; not the
+waits on a change signal, not notify_finished, which is no statement on either store)."""
+
+
+@asynccontextmanager
+async def counting_calls(store: Store) -> AsyncIterator[dict[str, int]]:
+    """Count the calls of :data:`STORE_CALLS` on ``store`` within the block."""
+    calls: dict[str, int] = {}
+    originals = {name: getattr(store, name) for name in STORE_CALLS}
+    own = {name for name in STORE_CALLS if name in vars(store)}  # already wrapped here
+
+    def counted(name: str, method: Any) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] = calls.get(name, 0) + 1
+            return await method(*args, **kwargs)
+        return call
+
+    for name, method in originals.items():
+        setattr(store, name, counted(name, method))
+    try:
+        yield calls
+    finally:
+        for name, method in originals.items():
+            if name in own:
+                setattr(store, name, method)
+            else:
+                delattr(store, name)  # the class's method again
+
+
+def calls_row(label: str, calls: dict[str, int], runs: int) -> str:
+    parts = ", ".join(f"{name} {calls[name] / runs:.2f}" for name in STORE_CALLS
+                      if calls.get(name))
+    return (f"{label:<58} {sum(calls.values()) / runs:5.2f} per run ({parts}; client and "
+            "worker, the run's own journal read after the chain left out)")
+
+
 @asynccontextmanager
 async def opened(url: str) -> AsyncIterator[Store]:
     store = store_from_url(url)
@@ -126,10 +164,11 @@ async def opened(url: str) -> AsyncIterator[Store]:
 
 
 async def start_to_result(client: durable.Client, n: int, *, polled: bool,
-                          prefix: str, woken: durable.Worker | None = None
+                          prefix: str, woken: durable.Worker | None = None,
+                          calls: dict[str, int] | None = None
                           ) -> tuple[list[float], float, list[float]]:
     """Latencies of ``n`` start+wait in a chain, the chain's steps/s, and each latency
-    beyond the run's own time."""
+    beyond the run's own time (``calls``, counted meanwhile, is taken before that read)."""
     latencies: list[float] = []
     ids: list[str] = []
     began = time.perf_counter()
@@ -143,7 +182,12 @@ async def start_to_result(client: durable.Client, n: int, *, polled: bool,
         latencies.append(time.perf_counter() - t0)
         ids.append(run.id)
     rate = n * 5 / (time.perf_counter() - began)
-    return latencies, rate, await beyond_own_time(client, ids, latencies)
+    counted = dict(calls or {})
+    extra = await beyond_own_time(client, ids, latencies)
+    if calls is not None:
+        calls.clear()
+        calls.update(counted)
+    return latencies, rate, extra
 
 
 async def bench_start(url: str, runs: int, label: str, out: Callable[[str], None],
@@ -166,13 +210,15 @@ async def bench_start(url: str, runs: int, label: str, out: Callable[[str], None
             return run
 
         client.wait = timed_wait  # type: ignore[method-assign]
-        async with worker_on(store, poll=60.0):
-            lat, rate, extra = await start_to_result(client, runs, polled=False, prefix="in")
+        async with worker_on(store, poll=60.0), counting_calls(store) as calls:
+            lat, rate, extra = await start_to_result(client, runs, polled=False, prefix="in",
+                                                     calls=calls)
         unwatch()
         client.wait = wait  # type: ignore[method-assign]
         out(row(f"{label} start->result, worker in this process", lat, extra))
         out(row(f"{label} finish committed -> wait returned, worker in this process",
                 [returned[i] - committed[i] for i in committed if i in returned]))
+        out(calls_row(f"{label} store calls, worker in this process", calls, runs))
         figures["inproc_chain"] = rate
         async with opened(url) as other:
             async with worker_on(other, poll=60.0):

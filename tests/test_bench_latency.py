@@ -17,6 +17,7 @@ def test_bench_latency_small_budget() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for label in ("worker in this process", "worker on another store", "POLLING BASELINE",
+                  "store calls, worker in this process",
                   "worker in another process", "chain of 8 x 5 steps",
                   "cancel->connection closed, change signal",
                   "cancel->connection closed, RENEWAL BASELINE", "idle worker process"):
