@@ -19,7 +19,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from ._errors import ConfigError
+from ._errors import ConfigError, RunConflictError
 from ._types import Run, RunState
 
 if TYPE_CHECKING:
@@ -88,6 +88,13 @@ class PrunedRun:
         return (f"run {self.id!r} ({self.workflow}) was pruned on {_iso(self.pruned_at)}: it "
                 f"ended {self.state.value} at {_iso(self.ended_at)}; its journal is gone "
                 "(durable prune deletes finished runs)")
+
+    def reused(self) -> RunConflictError:
+        """The error of a start that reuses this pruned run's id (nothing is written)."""
+        return RunConflictError(
+            f"run id {self.id!r} named a {self.workflow} run that ended {self.state.value} "
+            f"and was pruned on {_iso(self.pruned_at)}: an id names one run, even after "
+            "pruning (a start with it would run the operation again); choose another id")
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "workflow": self.workflow, "key": self.key,

@@ -164,6 +164,10 @@ async def check_prune(url: str, clock: FakeClock, n: int) -> None:
         tomb = await client.pruned("seed-000000")
         assert tomb is not None and tomb.state is RunState.COMPLETED and tomb.key == "k0"
         assert await store.journal("old-done") == []
+        # an id names one run, even after pruning: a start with it is refused, nothing written
+        with pytest.raises(durable.RunConflictError, match="was pruned on"):
+            await client.start("r.flow", "old", id="old-done")
+        assert await store.get_run("old-done") is None
         # records are not a run's: they stay
         record = await store.get_record("slots", "old")
         assert record is not None and record.value == {"state": "vacant"}

@@ -443,6 +443,9 @@ class PostgresStore(Store):
         # read it with a fresh snapshot.
         existing = await self._row(Q["get_run"], {"id": new.id})
         if existing is None:
+            pruned = await self.get_pruned(new.id)
+            if pruned is not None:  # the id named a run that was pruned: not used again
+                raise pruned.reused()
             raise StoreError(f"run {new.id} was neither created nor found")
         return Run.from_row(existing), False
 

@@ -9,6 +9,7 @@ few transactions may be lost, never half-applied, and the database is never corr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -22,6 +23,7 @@ from .. import _liveness, _wake
 from .._clock import BootClock, Clock, default_sqlite_clock
 from .._errors import (
     NotSentError,
+    RunConflictError,
     SchemaVersionError,
     StaleRecordError,
     StoreError,
@@ -871,7 +873,8 @@ class SqliteStore(Store):
             if conn.execute(Q["fire_schedule"], params).rowcount != 1:
                 return False
             if new is not None:
-                _insert_run(conn, new, now)
+                with contextlib.suppress(RunConflictError):  # a pruned id: moved past it
+                    _insert_run(conn, new, now)
             return True
 
         return await self._run(tx)
@@ -946,6 +949,9 @@ def _insert_run(conn: sqlite3.Connection, new: NewRun, now: float) -> tuple[Run,
     row = conn.execute(Q["insert_run"], params).fetchone()
     if row is None:
         existing = conn.execute(Q["get_run"], {"id": new.id}).fetchone()
+        if existing is None:  # the id named a run that was pruned: not used again
+            pruned = conn.execute(Q["get_pruned"], {"id": new.id}).fetchone()
+            raise PrunedRun.from_row(pruned).reused()
         return Run.from_row(existing), False
     run = Run.from_row(row)
     data: dict[str, JSON] = {"workflow": new.workflow, "args": new.args, "key": new.key,

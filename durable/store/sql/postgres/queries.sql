@@ -16,12 +16,15 @@
 -- name: insert_run
 -- run_at NULL: due at once, at the statement's time (the server's), which the entry's data
 -- then gets in place of the null it starts with ({"run_at":null,...}): no round trip
--- before the insert to ask the server what time it is.
+-- before the insert to ask the server what time it is. An id that named a pruned run
+-- (durable_pruned_runs) is not used again: nothing is inserted (the store says why).
 WITH run AS (
     INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt,
                               run_at, created_at, updated_at, timeout)
-    VALUES (%(id)s, %(workflow)s, %(args)s, %(key)s, 'queued', 0, 0,
-            coalesce(%(run_at)s::double precision, %(now)s), %(now)s, %(now)s, %(timeout)s)
+    SELECT %(id)s::text, %(workflow)s::text, %(args)s::text, %(key)s::text, 'queued', 0, 0,
+           coalesce(%(run_at)s::double precision, %(now)s), %(now)s, %(now)s,
+           %(timeout)s::double precision
+    WHERE NOT EXISTS (SELECT 1 FROM durable_pruned_runs WHERE id = %(id)s::text)
     ON CONFLICT (id) DO NOTHING
     RETURNING *
 ), journaled AS (
@@ -493,6 +496,7 @@ WITH fired AS (
     SELECT %(run_id)s::text, %(workflow)s::text, %(args)s::text, %(key)s::text, 'queued', 0,
            0, %(run_at)s::double precision, %(now)s, %(now)s, %(timeout)s::double precision
     FROM fired WHERE %(run_id)s::text IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM durable_pruned_runs WHERE id = %(run_id)s::text)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), journaled AS (

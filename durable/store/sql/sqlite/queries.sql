@@ -3,9 +3,12 @@
 -- under the attempt's epoch and its lease has not expired.
 
 -- name: insert_run
+-- An id that named a pruned run (durable_pruned_runs) is not used again: nothing is
+-- inserted (the store says why).
 INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt,
                           run_at, created_at, updated_at, timeout)
-VALUES (:id, :workflow, :args, :key, 'queued', 0, 0, :run_at, :now, :now, :timeout)
+SELECT :id, :workflow, :args, :key, 'queued', 0, 0, :run_at, :now, :now, :timeout
+WHERE NOT EXISTS (SELECT 1 FROM durable_pruned_runs WHERE id = :id)
 ON CONFLICT (id) DO NOTHING
 RETURNING *;
 
