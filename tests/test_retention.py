@@ -241,6 +241,8 @@ async def test_console_and_show_say_pruned(tmp_path: Path, clock: FakeClock) -> 
             api = await http.get("/api/runs/gone")
             assert api.status_code == 410 and api.json()["status"] == "pruned"
             assert api.json()["state"] == "completed"
+            status = (await http.get("/api/status", params={"id": "gone"})).json()
+            assert status["status"] == "completed" and "pruned on" in status["reason"]
             missing = await http.get("/runs/never")
             assert missing.status_code == 404 and "cannot confirm" in missing.text
     shown = await anyio.run_process([sys.executable, "-m", "durable", "show", "gone", "--db",

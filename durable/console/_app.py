@@ -39,7 +39,7 @@ from .._client import Client
 from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
-from .._report import RecoveryReport, parse_time
+from .._report import RecoveryReport, parse_time, utc
 from .._shapes import entry_json, run_json, show_json
 from .._types import JSON, EntryKind, Run, RunState
 from . import _render as render
@@ -129,6 +129,13 @@ class Console:
             missing = f"no run of {workflow} for key {key!r} in {self.db}"
         else:
             raise BadRequest("give workflow and key, or id")
+        pruned = await self.client.pruned(run_id) if run is None and run_id else None
+        if pruned is not None:  # its tombstone keeps how it ended
+            return {"status": pruned.state.value, "run_id": pruned.id,
+                    "workflow": pruned.workflow, "key": pruned.key,
+                    "updated_at": pruned.ended_at, "pruned_at": pruned.pruned_at,
+                    "reason": f"pruned on {utc(pruned.pruned_at)}; its journal is gone",
+                    "link": f"/runs/{pruned.id}"}
         if run is None:
             return {"status": "unknown", "run_id": run_id or None, "workflow": workflow or None,
                     "key": key or None, "reason": missing, "link": None}
