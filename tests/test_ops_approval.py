@@ -282,3 +282,19 @@ async def test_a_raw_approve_sent_before_the_plan_is_shown_as_early(ops: Ops) ->
     gate = approval_view(done, entries)
     assert gate is not None and gate.decision == "approved" and gate.early
     assert "(sent before the plan was journaled: a raw signal" in render_timeline(done, entries)
+
+
+async def test_no_decision_within_the_approval_timeout_fails_the_run_deleting_nothing(
+        ops: Ops) -> None:
+    await ops.slot("slot-13")
+    await ops.client.start("slot.teardown", "slot-13", {"approval": True,
+                                                        "approval_timeout": 0.5},
+                           id="td-13", key="slot-13")
+    async with running_worker(ops.client, durable.default_registry):
+        done = await ops.client.wait("td-13", timeout=30)
+    assert done.state is RunState.FAILED
+    assert done.error is not None
+    assert "no decision on the plan within 0.5 s; nothing was done" in done.error
+    assert _deletes(ops) == []
+    with pytest.raises(durable.InvalidStateError, match="is failed"):
+        await send_decision(ops.client, "td-13", "approve", None, origin=ALICE)
