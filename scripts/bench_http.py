@@ -17,7 +17,7 @@ and one worker with ``concurrency=N``:
 Printed for each: requests in flight at peak, the first and last arrival after the claim
 returned (the worker claims all N in one statement and starts their attempts in waves),
 when the last run finished, the CPU time the benchmark's process (the worker) used from the
-claim until the last request and until the last run finished (sampled every 5 ms: on a
+claim until the first request, the last request and the last run finished (sampled every 5 ms: on a
 loaded machine it says how much of the wall time was this process's own work), and how
 many pool waits the engine logged (``http_pool_wait``). Targets: all N in flight at once,
 the first within 100 ms of the claim and the last within 1 s, with the worker pool.
@@ -266,6 +266,7 @@ async def measure(base: str, runs: int, *, default_transport: bool,
         "first_ms": 1000 * (arrivals[0] - t0) if arrivals else None,
         "last_ms": 1000 * (arrivals[-1] - t0) if arrivals else None,
         "finished_s": (last_finish - t0) if finished else None,
+        "cpu_to_first_ms": cpu_ms_until(arrivals[0]) if arrivals else None,
         "cpu_to_last_ms": cpu_ms_until(arrivals[-1]) if arrivals else None,
         "cpu_to_finished_ms": cpu_ms_until(last_finish) if finished else None,
         "pool_waits_logged": WARNINGS["http_pool_wait"],
@@ -314,6 +315,7 @@ def report_text(report: dict[str, Any]) -> str:
         ("first request after the claim (ms)", "first_ms", 1),
         ("last request after the claim (ms)", "last_ms", 1),
         ("last run finished after the claim (s)", "finished_s", 2),
+        ("CPU, claim to the first request (ms)", "cpu_to_first_ms", 0),
         ("CPU, claim to the last request (ms)", "cpu_to_last_ms", 0),
         ("CPU, claim to the last run finished (ms)", "cpu_to_finished_ms", 0),
         ("runs completed", "completed", 0),
@@ -334,7 +336,7 @@ def report_text(report: dict[str, Any]) -> str:
     if len(repeats) > 1:
         lines += ["", f"worker pool, {len(repeats)} measurements (the first is the column "
                       "above): min / median / max"]
-        for label, key, digits in rows[:7]:
+        for label, key, digits in rows[:8]:
             values = sorted(r[key] for r in repeats if r[key] is not None)
             if values:
                 shown = " / ".join(fmt(float(values[i]), digits) for i in

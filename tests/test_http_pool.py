@@ -114,7 +114,8 @@ def test_the_http_benchmark_runs_and_prints_both_columns(tmp_path: Path) -> None
                   "last request after the claim (ms)", "worker pool", "httpx default",
                   "all 5 in flight at once", "first within 100 ms", "last within 1000 ms",
                   "trio; load average", "worker pool, 2 measurements",
-                  "min / median / max", "all three targets met"):
+                  "min / median / max", "all three targets met",
+                  "CPU, claim to the first request (ms)"):
         assert label in text.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_http.py"),
                           "--runs", "0"], cwd=tmp_path, env=subprocess_env(),
