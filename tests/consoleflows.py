@@ -86,3 +86,8 @@ async def plan(ctx: durable.ActivityContext, what: str) -> dict[str, object]:
 async def approved(ctx: durable.WorkflowContext, what: str) -> str:
     await durable.approval_gate(ctx, plan, what)
     return str(await ctx.step(note, f"deleted {what}"))
+
+
+@durable.workflow("console.waits")
+async def waits(ctx: durable.WorkflowContext) -> object:
+    return await ctx.wait_for("go")

@@ -240,3 +240,37 @@ def test_pages_hold_no_secret(env: Env, page: Any) -> None:
         assert SECRET not in content
     assert all(TOKEN not in c["value"] for c in cookies)
     assert "[redacted]" in contents[1]
+
+
+def test_a_signal_sent_from_the_form_reaches_the_waiting_run(env: Env, page: Any) -> None:
+    env.start("console.waits", run_id="waits-1")
+    page.goto(f"{env.console}/runs/waits-1")
+    page.wait_for_function("() => (document.querySelector('.delayed-start') || {})"
+                           ".innerText?.includes(\"for signal 'go'\")", timeout=WAIT)
+    page.reload()  # the action forms are rendered with the page: the name is prefilled now
+    form = page.locator("form.signal")
+    assert form.locator("input[name=name]").input_value() == "go"
+    assert form.locator("input[name=signal_id]").input_value().startswith("console-")
+    shoot(page, "console-signal.png")
+    form.locator("textarea[name=payload]").fill("{'not': json}")
+    form.locator("input[name=token]").fill(TOKEN)
+    form.locator("button").click()
+    page.wait_for_selector("p.refused", timeout=WAIT)
+    assert page.inner_text("p.refused").startswith("the payload is not JSON (")
+    assert '"signal_sent"' not in env.durable("show", "waits-1", "--json")
+
+    page.goto(f"{env.console}/runs/waits-1")
+    form = page.locator("form.signal")
+    form.locator("textarea[name=payload]").fill(f'{{"ok": true, "auth": "token={SECRET}"}}')
+    form.locator("input[name=token]").fill(TOKEN)
+    form.locator("button").click()
+    page.wait_for_selector(".flash", timeout=WAIT)
+    assert "signal 'go' sent (id console-" in page.inner_text(".flash")
+    page.wait_for_selector(".fields[data-state=completed]", timeout=WAIT)
+    row = page.locator("section.signals tr.signal")
+    page.wait_for_function("() => document.querySelector('section.signals .signal-status')"
+                           ".innerText.startsWith('received by')", timeout=WAIT)
+    assert "127.0.0.1 (console)" in row.inner_text()
+    assert SECRET not in page.content() and "[redacted]" in row.inner_text()
+    shown = env.durable("show", "waits-1", "--json")
+    assert '"via": "console"' in shown and '"ok": true' in shown

@@ -6,7 +6,8 @@ Pages (HTML, server-rendered) and a JSON API over the same data:
   ``/runs/ID`` (``#step-N`` anchors, the target of recovery links), ``/status``;
 * ``/api/runs``, ``/api/runs/ID`` (the shape of ``show ID --json``), ``/api/status``
   (``?workflow=W&key=K`` or ``?id=ID``: ``unknown`` when nothing is found, never done);
-* actions, each a POST: ``/runs/ID/cancel``, ``/runs/ID/replay``, and for a run waiting for
+* actions, each a POST: ``/runs/ID/cancel``, ``/runs/ID/replay``, ``/runs/ID/signal`` (a
+  signal's name, JSON payload and id, for a queued or running run), and for a run waiting for
   approval of its plan ``/runs/ID/approve`` and ``/runs/ID/reject`` (forms: the admin token and
   the CSRF value); ``/api/runs/ID/ACTION`` the same (``Authorization: Bearer TOKEN``).
   Without a configured token the console is read-only and says so. Every
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+import attrs
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -47,6 +49,10 @@ from . import _render as render
 STATIC = Path(__file__).parent / "static"
 CSRF_COOKIE = "durable_csrf"
 PAGE_LIMIT_MAX = 500
+SIGNAL_TEXT_MAX = 200
+"""A signal's name or id from the console: at most this many characters."""
+SIGNAL_PAYLOAD_MAX = 65536
+"""A signal's payload from the console: at most this many characters of JSON."""
 FINAL_HEADER = "X-Durable-Final"
 
 
@@ -91,6 +97,7 @@ class Console:
             return None
         store = self.client.store
         entries = await store.journal(run_id)
+        signals = await store.list_signals(run_id)
         written: dict[tuple[str, str], int] = {}
         for e in entries:
             if e.name == "durable.set_records" and e.kind is EntryKind.STEP_COMPLETED:
@@ -101,7 +108,7 @@ class Console:
         return render.RunDetail(run, entries,
                                 RecoveryReport.build(run, entries, self.console_url),
                                 progress(run, entries), records, await store.now(),
-                                approval_view(run, entries, await store.list_signals(run_id)))
+                                approval_view(run, entries, signals), signals)
 
     async def runs(self, query: render.ListQuery, before: str | None
                    ) -> tuple[list[Run], dict[str, int], str | None]:
@@ -158,6 +165,11 @@ class Console:
         """Do an action (the token is checked); the sentence to show the operator."""
         if action in ("approve", "reject"):
             message = await self.decide(action, run_id, fields, origin)
+        elif action == "signal":
+            name = fields.get("name", "").strip()
+            signal_id = fields.get("signal_id", "").strip() or None
+            _, message = await self.signal(run_id, name, _parse_payload(fields.get("payload")),
+                                           signal_id, origin)
         elif action == "cancel":
             run = await self.client.cancel(run_id, origin=origin)
             message = (f"{run_id} cancelled before it started" if run.state.finished
@@ -174,6 +186,19 @@ class Console:
                       remote=origin.get("remote"))
         return message
 
+    async def signal(self, run_id: str, name: str, payload: JSON, signal_id: str | None,
+                     origin: dict[str, JSON]) -> tuple[bool, str]:
+        """Send a signal (``Client.signal``: journaled with its origin); whether it was
+        recorded now (False: its id was already recorded) and the sentence to show."""
+        for what, value in (("signal name", name), ("signal id", signal_id or "")):
+            if len(value) > SIGNAL_TEXT_MAX:
+                raise BadRequest(f"the {what} is longer than {SIGNAL_TEXT_MAX} characters")
+        recorded = await self.client.signal(run_id, name, payload, id=signal_id, origin=origin)
+        ident = f" (id {signal_id})" if signal_id else ""
+        message = (f"{run_id}: signal {name!r} sent{ident}" if recorded else
+                   f"{run_id}: signal {name!r} already recorded{ident}; nothing new was sent")
+        return recorded, message
+
     async def decide(self, action: str, run_id: str, fields: Mapping[str, str],
                      origin: dict[str, JSON]) -> str:
         """Approve or reject the plan of a run waiting for approval, as a signal."""
@@ -185,6 +210,34 @@ class Console:
                             origin=origin)
         return (f"{run_id}: plan approved; the run re-checks it and acts" if action == APPROVE
                 else f"{run_id}: plan rejected; the run ends without acting")
+
+
+def _parse_payload(value: str | None) -> JSON:
+    """A signal's payload typed into the form: JSON, or nothing (None) when left empty."""
+    if value is None or not value.strip():
+        return None
+    if len(value) > SIGNAL_PAYLOAD_MAX:
+        raise BadRequest(f"the payload is longer than {SIGNAL_PAYLOAD_MAX} characters; "
+                         "nothing was sent")
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        where = (f" ({exc.msg} at line {exc.lineno} column {exc.colno})"
+                 if isinstance(exc, json.JSONDecodeError) else "")
+        raise BadRequest(f"the payload is not JSON{where}; nothing was sent") from None
+
+
+def _signal_body(data: Mapping[str, Any]) -> tuple[str, JSON, str | None]:
+    """``{"name", "payload", "id"}`` of ``POST /api/runs/ID/signal``."""
+    name, signal_id = data.get("name"), data.get("id")
+    if not isinstance(name, str):
+        raise BadRequest('the body needs the signal\'s "name" (a string)')
+    if signal_id is not None and not isinstance(signal_id, str):
+        raise BadRequest('the signal\'s "id" is a string (or null)')
+    unknown = sorted(set(data) - {"name", "payload", "id"})
+    if unknown:
+        raise BadRequest(f"unknown field {unknown[0]!r}: a signal is name, payload and id")
+    return name.strip(), data.get("payload"), signal_id
 
 
 def _parse_step(value: str | None) -> int | None:
@@ -375,6 +428,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                                  "error": f"no run with id {run_id!r} in {console.db}"}, 404)
         data = show_json(detail.run, detail.entries, console.console_url)
         data["approval"] = None if detail.approval is None else detail.approval.as_dict()
+        data["signals"] = [attrs.asdict(s) for s in detail.signals]
         data["progress"] = None if detail.progress is None else detail.progress.as_dict()
         data["records"] = [{"namespace": ns, "key": key, "epoch": epoch,
                             "value": None if rec is None else rec.value,
@@ -404,7 +458,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         auth = request.headers.get("authorization", "")
         scheme, _, given = auth.partition(" ")
         console.check_token(given.strip() if scheme.lower() == "bearer" else None)
-        fields: dict[str, str] = {}
+        data: dict[str, Any] = {}
         body = await request.body()
         if body:
             try:
@@ -413,11 +467,20 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                 raise BadRequest("the request body is not JSON") from None
             if not isinstance(data, dict):
                 raise BadRequest("the request body must be a JSON object")
+        run_id = request.path_params["run_id"]
+        answer: dict[str, JSON] = {}
+        if action == "signal":
+            name, payload, signal_id = _signal_body(data)
+            recorded, message = await console.signal(run_id, name, payload, signal_id,
+                                                     _origin(request))
+            console.log.info("console_action", action=action, workflow_id=run_id,
+                             remote=request.client.host if request.client else None)
+            answer["recorded"] = recorded
+        else:
             fields = {k: "" if v is None else str(v) for k, v in data.items()}
-        message = await console.act(action, request.path_params["run_id"], fields,
-                                    _origin(request))
-        run = await console.client.get(request.path_params["run_id"])
-        return JSONResponse(_safe({"message": message, "run": run_json(run)}))
+            message = await console.act(action, run_id, fields, _origin(request))
+        run = await console.client.get(run_id)
+        return JSONResponse(_safe({**answer, "message": message, "run": run_json(run)}))
 
     async def healthz(request: Request) -> Response:
         await console.client.store.now()
@@ -483,4 +546,4 @@ class _Headers:
         await self.app(scope, receive, send_with_headers)
 
 
-ACTIONS = ("cancel", "replay", "approve", "reject")
+ACTIONS = ("cancel", "replay", "signal", "approve", "reject")

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import html
 import json
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
 import attrs
 
-from .._approval import ApprovalView
+from .._approval import ApprovalView, origin_text
 from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
 from .._report import RecoveryReport, _current_epoch, duration, utc, waiting_phrase
 from .._retention import PrunedRun
-from .._types import EntryKind, JournalEntry, Record, Run, RunState
+from .._types import EntryKind, JournalEntry, Record, Run, RunState, Signal
 
 STATES = [s.value for s in RunState]
 
@@ -71,7 +72,7 @@ class Chrome:
 
 def page(title: str, body: str, chrome: Chrome, *, flash: str = "") -> str:
     mode = ('<span class="mode read-only" title="start the console with '
-            'DURABLE_CONSOLE_TOKEN (or --token-file) to enable cancel and replay">'
+            'DURABLE_CONSOLE_TOKEN (or --token-file) to enable the actions">'
             'read-only</span>' if chrome.read_only
             else '<span class="mode admin">actions enabled (admin token required)</span>')
     notice = f'<div class="flash">{text(flash)}</div>' if flash else ""
@@ -200,6 +201,8 @@ class RunDetail:
     now: float
     approval: ApprovalView | None = None
     """The run's plan and its decision (None: the run journaled no plan)."""
+    signals: Sequence[Signal] = ()
+    """Every signal recorded for the run, in order (``Store.list_signals``)."""
 
 
 def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
@@ -216,7 +219,8 @@ def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
 
 def run_fragment(detail: RunDetail) -> str:
     return (header(detail) + approval_block(detail) + progress_bar(detail.progress)
-            + report_block(detail) + steps_block(detail) + attempts_block(detail)
+            + report_block(detail) + steps_block(detail) + signals_block(detail)
+            + attempts_block(detail)
             + records_block(detail) + journal_block(detail))
 
 
@@ -419,12 +423,39 @@ def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run
     return "".join(lines)
 
 
+def signals_block(d: RunDetail) -> str:
+    """The signals sent to the run: who sent each, its payload (redacted, as every text
+    here), and whether a ``wait_for`` of the run has received it."""
+    if not d.signals:
+        return ""
+    received = {e.data.get("seq"): e.step for e in d.entries
+                if e.kind is EntryKind.SIGNAL_RECEIVED}
+    rows = []
+    for s in d.signals:
+        if s.seq in received:
+            status = (f'received by <a href="#step-{received[s.seq]}">step '
+                      f"{received[s.seq]}</a>")
+        elif d.run.state.finished:
+            status = "never received (the run ended)"
+        else:
+            status = "not received yet"
+        rows.append(f'<tr class="signal" data-signal-seq="{s.seq}"><td>{s.seq}</td>'
+                    f"<td>{text(s.name)}</td><td>{text(s.signal_id or '-')}</td>"
+                    f"<td>{when(s.created_at)}</td><td>{text(origin_text(s.origin))}</td>"
+                    f"<td><code>{text(s.payload)}</code></td>"
+                    f'<td class="signal-status">{status}</td></tr>')
+    return ('<section class="signals"><h2>Signals</h2><table>'
+            "<tr><th>seq</th><th>name</th><th>id</th><th>sent</th><th>from</th>"
+            "<th>payload</th><th></th></tr>" + "".join(rows) + "</table></section>")
+
+
 def attempts_block(d: RunDetail) -> str:
     rows = []
     for e in d.entries:
         if e.kind in (EntryKind.RUN_CLAIMED, EntryKind.RUN_INTERRUPTED, EntryKind.RUN_RECOVERED,
                       EntryKind.RUN_REPLAYED, EntryKind.RUN_CANCEL_REQUESTED,
-                      EntryKind.RUN_CANCELLED, EntryKind.RUN_FAILED, EntryKind.RUN_COMPLETED):
+                      EntryKind.RUN_CANCELLED, EntryKind.RUN_FAILED, EntryKind.RUN_COMPLETED,
+                      EntryKind.SIGNAL_SENT):
             what = _event_text(e)
             rows.append(f"<tr><td>{when(e.at)}</td><td>{e.kind.value}</td><td>{e.epoch}</td>"
                         f"<td>{what}</td></tr>")
@@ -488,9 +519,9 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
         return ('<section class="actions read-only"><h2>Actions</h2><p>This console is '
                 "<b>read-only</b>: no admin token is configured. Start it with "
                 "<code>DURABLE_CONSOLE_TOKEN</code> set (or <code>--token-file</code>) to "
-                "cancel, replay, approve and reject runs here, or use <code>python -m durable "
-                "cancel</code> / <code>replay</code> / <code>approve</code> / "
-                "<code>reject</code>.</p></section>")
+                "cancel, replay, signal, approve and reject runs here, or use <code>python -m "
+                "durable cancel</code> / <code>replay</code> / <code>signal</code> / "
+                "<code>approve</code> / <code>reject</code>.</p></section>")
     token = ('<label>admin token <input type="password" name="token" autocomplete="off" '
              'required></label>')
     csrf = f'<input type="hidden" name="csrf" value="{attr(chrome.csrf)}">'
@@ -505,6 +536,7 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
                      '<label>reason <input name="reason" maxlength="300"></label>'
                      f'{token}<button type="submit" class="danger">reject plan</button></form>')
     if not run.state.finished:
+        forms.append(signal_form(d, csrf, token))
         forms.append(f'<form class="action cancel" method="post" '
                      f'action="/runs/{attr(run.id)}/cancel">{csrf}{token}'
                      '<button type="submit" class="danger">cancel run</button></form>')
@@ -528,6 +560,28 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
     if not forms:
         return ""
     return f'<section class="actions"><h2>Actions</h2>{"".join(forms)}</section>'
+
+
+def signal_form(d: RunDetail, csrf: str, token: str) -> str:
+    """Send a signal to a queued or running run: its name (what the run waits for, when it
+    waits), a JSON payload, and a signal id made fresh for each render, so a resubmit of this
+    form (a double click, the browser's back and again) records one signal."""
+    run = d.run
+    # a plan's approve goes through its own form (it names the plan it approves)
+    name = "" if awaiting_approval(d) else run.waiting_for or ""
+    signal_id = "console-" + secrets.token_urlsafe(12)
+    waits = ('<p class="hint"><b>Send a signal</b> (what a <code>ctx.wait_for</code> of the run '
+             "receives)" + (f"; it waits for <code>{text(name)}</code> now" if name else "")
+             + ".</p>")
+    return (f'<form class="action signal" method="post" action="/runs/{attr(run.id)}/signal">'
+            f"{csrf}{waits}"
+            f'<label>signal <input name="name" required maxlength="200" '
+            f'value="{attr(name)}"></label>'
+            '<label>payload (JSON, optional) <textarea name="payload" rows="3" cols="40" '
+            "placeholder='{\"note\": \"...\"}'></textarea></label>"
+            f'<label>signal id <input name="signal_id" maxlength="200" '
+            f'value="{attr(signal_id)}"></label>'
+            f'{token}<button type="submit">send signal</button></form>')
 
 
 def not_found_page(run_id: str, chrome: Chrome) -> str:
