@@ -111,6 +111,9 @@ async def test_a_signal_from_the_form_reaches_the_waiting_workflow(
         assert f"sig-3: signal &#x27;go&#x27; sent (id {signal_id})" in after  # the flash
         assert 'data-signal-seq="1"' in after and "received by" in after
         assert "127.0.0.1 (console)" in after
+        actions = re.search(r'<section class="attempts">.*?</section>', after, re.S)
+        assert actions and "signal_sent" in actions.group(0)  # among the operator actions
+        assert "user_agent pytest-operator" in actions.group(0)
         assert 'action="/runs/sig-3/signal"' not in after  # finished: no more form
         api = (await http.get("/api/runs/sig-3")).json()
         assert api["signals"][0]["signal_id"] == signal_id
@@ -131,7 +134,9 @@ async def test_a_resubmitted_form_is_one_signal(
         first = await http.post("/runs/sig-4/signal", data=form)
         second = await http.post("/runs/sig-4/signal", data=form)  # a double click
         assert first.status_code == second.status_code == 303
-        assert "already recorded" in (await http.get(second.headers["location"])).text
+        shown = (await http.get(second.headers["location"])).text
+        assert "already recorded" in shown
+        assert shown.count('<tr class="signal"') == 1 and "not received yet" in shown
         signals = await client.store.list_signals("sig-4")
         assert [(s.name, s.payload) for s in signals] == [("go", [1, 2])]
         # another render: another id, so an intended second signal is one more
