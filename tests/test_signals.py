@@ -364,10 +364,10 @@ async def test_a_signal_from_another_process_wakes_an_idle_worker_without_a_poll
     declare(registry)
     async with durable.Client.connect(store_url, clock=clock, registry=registry) as worker_side, \
             durable.Client.connect(store_url, clock=clock, registry=registry) as sender:
-        async with running_worker(worker_side, registry, poll_interval=30.0):
+        async with running_worker(worker_side, registry, poll_interval=30.0) as worker:
             await sender.start("s.one", id="gate")
             await waiting(sender, "gate", "approve")
-            await anyio.sleep(0.3)  # the worker is idle, back in its wait for work
+            await poll(lambda: worker.active == {})  # idle: nothing held, waiting for work
             assert await sender.signal("gate", "approve", "go")
             done = await sender.wait("gate", timeout=10)
     assert done.state is RunState.COMPLETED and done.result == "go"
@@ -380,7 +380,8 @@ async def test_a_waiting_run_keeps_its_concurrency_key(
         await client.start("s.one", id="first", key="slot-1")
         await waiting(client, "first", "approve")
         await client.start("s.three", id="second", key="slot-1")
-        await anyio.sleep(0.3)  # many claim loops: the second run waits behind the first
+        # the key is taken while the first waits: no claim can take the second
+        assert await client.store.claim("another-worker", 30.0, 10) == []
         second = await client.store.get_run("second")
         assert second is not None and second.attempt == 0
         await client.signal("first", "approve", "ok")

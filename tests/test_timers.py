@@ -98,7 +98,7 @@ async def test_an_hour_sleep_holds_no_lease_and_resumes_past_it(
                    if e.kind is EntryKind.TIMER_STARTED]
         assert timer.data["until"] == pytest.approx(clock.now() + HOUR)
         clock.advance(HOUR - 1)
-        await anyio.sleep(0.2)  # the worker looks several times (poll 10 ms): not due yet
+        assert await client.store.claim("another-worker", 30.0, 10) == []  # not due yet
         assert (await client.store.get_run("nap")).state is RunState.QUEUED  # type: ignore[union-attr]
         clock.advance(1)
         done = await client.wait(run.id, timeout=15)
@@ -128,13 +128,14 @@ async def test_a_short_sleep_stays_in_the_attempt_on_the_store_clock(
         tmp_path: Path) -> None:
     log = tmp_path / "log"
     declare(registry, log)
-    async with running_worker(client, registry):
-        run = await client.start("t.nap", 1.5, id="short")
+    # below the threshold, and longer than the wait below gives it in real time: only the
+    # fake clock moving can end it
+    async with running_worker(client, registry, durable_wait_threshold=100.0, lease=600):
+        run = await client.start("t.nap", 30.0, id="short")
         await poll(lambda: lines(log) == ["before"])
-        await anyio.sleep(0.6)  # two slices of the in-attempt wait: the fake clock stood still
         held = await client.store.get_run("short")
         assert held is not None and held.state is RunState.RUNNING and held.worker is not None
-        clock.advance(1.5)
+        clock.advance(30.0)
         done = await client.wait(run.id, timeout=15)
     assert done.result == "after"
     assert "run_waiting" not in kinds(await client.store.journal("short"))
@@ -156,7 +157,7 @@ async def test_a_sleep_resumed_by_another_attempt_keeps_its_wake_time(
         await poll(lambda: client.store.get_run("kept"), timeout=15)
         await poll(lambda: _state_is(client, "kept", RunState.RUNNING, attempt=2))
         clock.advance(19)
-        await anyio.sleep(0.6)
+        await anyio.sleep(0.6)  # a negative check: two slices of the in-attempt wait pass, still asleep
         assert (await client.store.get_run("kept")).state is RunState.RUNNING  # type: ignore[union-attr]
         clock.advance(1)  # 60 s after the first attempt journaled the wake time
         done = await client.wait("kept", timeout=15)
@@ -182,7 +183,7 @@ async def test_cancel_during_a_released_sleep_cancels_at_once(
         assert cancelled.state is RunState.CANCELLED
         assert cancelled.error == "cancelled while waiting"
         clock.advance(HOUR)
-        await anyio.sleep(0.2)
+        assert await client.store.claim("another-worker", 30.0, 10) == []  # ended, not due
     assert lines(log) == ["before"]
     assert kinds(await client.store.journal("nap"))[-1] == "run_cancelled"
 
