@@ -157,7 +157,7 @@ async def test_a_sleep_resumed_by_another_attempt_keeps_its_wake_time(
         await poll(lambda: client.store.get_run("kept"), timeout=15)
         await poll(lambda: _state_is(client, "kept", RunState.RUNNING, attempt=2))
         clock.advance(19)
-        await anyio.sleep(0.6)  # a negative check: two slices of the in-attempt wait pass, still asleep
+        await anyio.sleep(0.6)  # negative check: two slices of the wait pass, still asleep
         assert (await client.store.get_run("kept")).state is RunState.RUNNING  # type: ignore[union-attr]
         clock.advance(1)  # 60 s after the first attempt journaled the wake time
         done = await client.wait("kept", timeout=15)
