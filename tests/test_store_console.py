@@ -13,7 +13,6 @@ import re
 import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +24,10 @@ from durable._types import EntryKind, Fence, NewRun, Run, RunState
 from durable.store import Store, store_from_url
 from durable.store._base import prefix_end
 from durable.store._sqlite import count_runs_query, list_runs_query
-from tests.pg import TRIO_SKIP, pg_url, postgres_server
+from tests.pg import pg_url, postgres_server
+from tests.test_store_contract import clock, store_url
 
-__all__ = ["pg_url", "postgres_server"]
+__all__ = ["clock", "pg_url", "postgres_server", "store_url"]
 
 pytestmark = pytest.mark.anyio
 
@@ -37,20 +37,6 @@ WORKFLOWS = ["wf.a", "wf.b", "wf_a"]
 KEYS = [None, "k1", "k%", "k_"]
 PREFIXES = ["a%", "a_", "a", "a%b", "ax", "slot", "slot.", "é", "\uffff", "\U0010ffff", "zzz",
             "a\\", "B"]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'console.db'}"
-    if anyio_backend == "trio":
-        pytest.skip(TRIO_SKIP)
-    return str(request.getfixturevalue("pg_url"))
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture
