@@ -20,7 +20,7 @@ from durable.store import Store, store_from_url
 from . import pgflows
 from .conftest import ROOT, subprocess_env
 from .helpers import poll
-from .httpserver import Rule, loopback_server
+from .httpserver import LoopbackServer, Rule, loopback_server
 from .pg import pg_url, postgres_server
 
 __all__ = ["pg_url", "postgres_server"]  # fixtures
@@ -107,32 +107,40 @@ async def test_a_lost_signal_ends_in_the_fallback_poll(
             assert done.state is RunState.COMPLETED
 
 
+async def _cancel_a_hanging_request(server: LoopbackServer, client_store: Store,
+                                    worker_store: Store,
+                                    registry: durable.Registry) -> durable.Run:
+    """A run whose step hangs in ``ctx.http.get``, on a worker with a 60 s lease renewed
+    every 50 s; the client cancels once the server saw the request; the server must see
+    the connection close (within BOUND: no renewal can carry the cancel)."""
+    server.on("/hang", Rule(hang=True))
+
+    @durable.activity(registry=registry)
+    async def call(ctx: durable.ActivityContext) -> None:
+        await ctx.http.get(f"{server.url}/hang")
+
+    @durable.workflow("wake.hang", registry=registry)
+    async def hanging(ctx: durable.WorkflowContext) -> None:
+        await call(ctx)
+
+    client = durable.Client(client_store, registry=registry)
+    async with worker_on(worker_store, registry, lease=LONG, heartbeat_interval=50.0):
+        with anyio.fail_after(BOUND):
+            run = await client.start("wake.hang", id="h")
+            await server.wait_for(lambda: bool(server.seen("/hang")), timeout=BOUND)
+            [seen] = server.seen("/hang")
+            await client.cancel(run.id)
+            await server.wait_for(lambda: seen.disconnected_at is not None, timeout=BOUND)
+            return await client.wait(run.id, poll=LONG)
+
+
 async def test_cancel_reaches_the_request_in_flight_by_the_change_signal(
         tmp_path: Path, registry: durable.Registry) -> None:
     """Lease 60 s, renewals every 50 s: only the change signal can stop the request."""
     url = f"sqlite:///{tmp_path / 'w.db'}"
     async with loopback_server() as server, opened(url) as mine, opened(url) as theirs:
-        server.on("/hang", Rule(hang=True))
-
-        @durable.activity(registry=registry)
-        async def call(ctx: durable.ActivityContext) -> None:
-            await ctx.http.get(f"{server.url}/hang")
-
-        @durable.workflow("wake.hang", registry=registry)
-        async def hanging(ctx: durable.WorkflowContext) -> None:
-            await call(ctx)
-
-        client = durable.Client(mine, registry=registry)
-        async with worker_on(theirs, registry, lease=LONG, heartbeat_interval=50.0):
-            with anyio.fail_after(BOUND):
-                run = await client.start("wake.hang", id="h")
-                await server.wait_for(lambda: bool(server.seen("/hang")), timeout=BOUND)
-                [seen] = server.seen("/hang")
-                await client.cancel(run.id)
-                await server.wait_for(lambda: seen.disconnected_at is not None,
-                                      timeout=BOUND)
-                done = await client.wait(run.id, poll=LONG)
-        assert done.state is RunState.CANCELLED
+        done = await _cancel_a_hanging_request(server, mine, theirs, registry)
+    assert done.state is RunState.CANCELLED
 
 
 async def test_in_process_cancel_reaches_the_attempt_by_the_hub(
@@ -141,27 +149,8 @@ async def test_in_process_cancel_reaches_the_attempt_by_the_hub(
     url = f"sqlite:///{tmp_path / 'w.db'}"
     async with loopback_server() as server, opened(url) as store:
         store.pushes_changes = False  # type: ignore[misc]
-        server.on("/hang", Rule(hang=True))
-
-        @durable.activity(registry=registry)
-        async def call(ctx: durable.ActivityContext) -> None:
-            await ctx.http.get(f"{server.url}/hang")
-
-        @durable.workflow("wake.hang", registry=registry)
-        async def hanging(ctx: durable.WorkflowContext) -> None:
-            await call(ctx)
-
-        client = durable.Client(store, registry=registry)
-        async with worker_on(store, registry, lease=LONG, heartbeat_interval=50.0):
-            with anyio.fail_after(BOUND):
-                run = await client.start("wake.hang", id="h")
-                await server.wait_for(lambda: bool(server.seen("/hang")), timeout=BOUND)
-                [seen] = server.seen("/hang")
-                await client.cancel(run.id)
-                await server.wait_for(lambda: seen.disconnected_at is not None,
-                                      timeout=BOUND)
-                done = await client.wait(run.id, poll=LONG)
-        assert done.state is RunState.CANCELLED
+        done = await _cancel_a_hanging_request(server, store, store, registry)
+    assert done.state is RunState.CANCELLED
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
