@@ -15,7 +15,7 @@ import httpx
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.lowlevel import cancel_shielded_checkpoint
 
-from . import _clock, _liveness, _wake
+from . import _clock, _gc, _liveness, _wake
 from ._attempt import Attempt
 from ._claims import PendingClaim
 from ._errors import ConfigError, DurableError, StoreError
@@ -63,6 +63,10 @@ class Worker:
     - ``interceptors`` (:class:`durable.Interceptor`) are called around each claim, attempt,
       step try, fenced write, renewal and ``ctx.http`` request, and told of lost leases,
       recoveries and steps in doubt (docs/observability.md); none by default, at no cost.
+    - While it runs, the process's garbage collector makes no full collection more often
+      than every 100 collections of its middle generation (:mod:`._gc`; CPython's default
+      is 10): a burst of claims is not stopped by full collections. ``gc_policy=False``
+      leaves the collector alone.
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class Worker:
         prune_older_than: float | None = None,
         prune_interval: float = 3600.0,
         durable_wait_threshold: float = DEFAULT_WAIT_THRESHOLD,
+        gc_policy: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ConfigError("concurrency must be at least 1")
@@ -169,6 +174,10 @@ class Worker:
         self.prune_interval = prune_interval
         self.pruned = 0
         """Runs this worker pruned."""
+        self.gc_policy = gc_policy
+        """While it runs, no full garbage collection more often than every
+        :data:`durable._gc.FULL_EVERY` collections of the middle generation (process-wide,
+        restored when the last worker stops): none in the middle of a burst of claims."""
 
     # -- control -----------------------------------------------------------------------------
     def shutdown(self, grace: float | None = None) -> None:
@@ -206,6 +215,10 @@ class Worker:
 
     # -- main --------------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        with _gc.worker_policy(self.gc_policy):
+            await self._run(task_status)
+
+    async def _run(self, task_status: TaskStatus[None]) -> None:
         await self._hold_lock()  # before the first claim, until the last attempt ended
         transport = self._transport or WorkerTransport(self.http_connections)
         try:

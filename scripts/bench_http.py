@@ -16,11 +16,14 @@ and one worker with ``concurrency=N``:
 
 Printed for each: requests in flight at peak, the first and last arrival after the claim
 returned (the worker claims all N in one statement and starts their attempts in waves),
-when the last run finished, the CPU time the benchmark's process (the worker) used from the
-claim until the first request, the last request and the last run finished (sampled every 5 ms: on a
-loaded machine it says how much of the wall time was this process's own work), and how
-many pool waits the engine logged (``http_pool_wait``). Targets: all N in flight at once,
-the first within 100 ms of the claim and the last within 1 s, with the worker pool.
+when the last run finished, the full garbage collections between the claim and the last
+request (the worker defers them while it runs: durable/_gc.py; ``--no-gc-policy`` runs the
+workers with ``gc_policy=False``, CPython's defaults), the CPU time the benchmark's process
+(the worker) used from the claim until the first request, the last request and the last run
+finished (sampled every 5 ms: on a loaded machine it says how much of the wall time was this
+process's own work), and how many pool waits the engine logged (``http_pool_wait``).
+Targets: all N in flight at once, the first within 100 ms of the claim and the last within
+1 s, with the worker pool.
 ``--repeat K`` measures the worker pool K times (a fresh store each) after the baseline and
 prints each figure's range, and in how many of the K the targets were met; the load
 average is printed before and after.
@@ -37,6 +40,7 @@ import asyncio
 import collections
 import contextlib
 import datetime as dt
+import gc
 import json
 import logging
 import os
@@ -191,7 +195,7 @@ def _count(record: logging.LogRecord) -> bool:
 
 
 async def measure(base: str, runs: int, *, default_transport: bool,
-                  workdir: Path, timeout: float) -> dict[str, Any]:
+                  workdir: Path, timeout: float, gc_policy: bool = True) -> dict[str, Any]:
     async with httpx.AsyncClient() as control:
         await control.get(f"{base}/reset?n={runs}")
     WARNINGS.clear()
@@ -227,13 +231,20 @@ async def measure(base: str, runs: int, *, default_transport: bool,
         store.claim = claim  # type: ignore[method-assign]
         watch_finishes(store, finish)  # also those carried by the next run's claim
         worker = durable.Worker(store, registry=REGISTRY, concurrency=runs,
-                                poll_interval=0.05, transport=transport)
+                                poll_interval=0.05, transport=transport, gc_policy=gc_policy)
         async def sample_cpu() -> None:
             while True:
                 if cpu:
                     cpu.append((time.monotonic(), time.process_time()))
                 await anyio.sleep(CPU_SAMPLE)
 
+        full_gcs: list[float] = []  # when each full collection of the process started
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start" and info["generation"] == 2 and claimed_at:
+                full_gcs.append(time.monotonic())
+
+        gc.callbacks.append(on_gc)
         async with anyio.create_task_group() as tg:
             tg.start_soon(sample_cpu)
             await tg.start(worker.run)
@@ -242,6 +253,7 @@ async def measure(base: str, runs: int, *, default_transport: bool,
             cpu.append((time.monotonic(), time.process_time()))
             worker.shutdown(grace=0)
             tg.cancel_scope.cancel()
+        gc.callbacks.remove(on_gc)
         completed = (await store.count_runs()).get(durable.RunState.COMPLETED, 0)
     finally:
         await store.aclose()
@@ -269,6 +281,7 @@ async def measure(base: str, runs: int, *, default_transport: bool,
         "cpu_to_first_ms": cpu_ms_until(arrivals[0]) if arrivals else None,
         "cpu_to_last_ms": cpu_ms_until(arrivals[-1]) if arrivals else None,
         "cpu_to_finished_ms": cpu_ms_until(last_finish) if finished else None,
+        "full_gcs_to_last": sum(1 for t in full_gcs if arrivals and t <= arrivals[-1]),
         "pool_waits_logged": WARNINGS["http_pool_wait"],
     }
 
@@ -301,7 +314,8 @@ def report_text(report: dict[str, Any]) -> str:
     lines = [
         f"durable HTTP benchmark, {report['when']}: {report['cpus']} CPUs, Python "
         f"{report['python']}, httpx {report['httpx']}, httpcore {report['httpcore']}, "
-        f"{report['backend']}; load average {_load(report['load_before'])} before, "
+        f"{report['backend']}, GC policy {'on' if report['gc_policy'] else 'off'}; "
+        f"load average {_load(report['load_before'])} before, "
         f"{_load(report['load_after'])} after",
         f"{report['runs']} runs, one step each awaiting ctx.http.get(loopback /slow); the "
         f"server holds each request until {report['runs']} are in flight or "
@@ -318,6 +332,7 @@ def report_text(report: dict[str, Any]) -> str:
         ("CPU, claim to the first request (ms)", "cpu_to_first_ms", 0),
         ("CPU, claim to the last request (ms)", "cpu_to_last_ms", 0),
         ("CPU, claim to the last run finished (ms)", "cpu_to_finished_ms", 0),
+        ("full GCs, claim to the last request", "full_gcs_to_last", 0),
         ("runs completed", "completed", 0),
         ("pool waits logged (http_pool_wait)", "pool_waits_logged", 0),
     ]
@@ -336,7 +351,7 @@ def report_text(report: dict[str, Any]) -> str:
     if len(repeats) > 1:
         lines += ["", f"worker pool, {len(repeats)} measurements (the first is the column "
                       "above): min / median / max"]
-        for label, key, digits in rows[:8]:
+        for label, key, digits in rows[:9]:
             values = sorted(r[key] for r in repeats if r[key] is not None)
             if values:
                 shown = " / ".join(fmt(float(values[i]), digits) for i in
@@ -352,20 +367,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="durable-bench-http-") as tmp, \
             server_process(args.hold) as base:
         workdir = Path(tmp)
+        policy = not args.no_gc_policy
         pool = await measure(base, args.runs, default_transport=False, workdir=workdir,
-                             timeout=args.timeout)
+                             timeout=args.timeout, gc_policy=policy)
         default = await measure(base, args.runs, default_transport=True, workdir=workdir,
-                                timeout=args.timeout)
+                                timeout=args.timeout, gc_policy=policy)
         repeats = [pool]
         for _ in range(args.repeat - 1):
             repeats.append(await measure(base, args.runs, default_transport=False,
-                                         workdir=workdir, timeout=args.timeout))
+                                         workdir=workdir, timeout=args.timeout,
+                                         gc_policy=policy))
     import httpcore
     return {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpus": os.cpu_count(), "python": platform.python_version(),
         "httpx": httpx.__version__, "httpcore": httpcore.__version__,
         "backend": args.backend, "runs": args.runs, "hold": args.hold,
+        "gc_policy": not args.no_gc_policy,
         "worker_pool": pool, "httpx_default": default,
         "worker_pool_repeats": repeats,
         "targets": targets(pool),
@@ -387,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure the worker pool K times in all and print the ranges "
                              "(default 1)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument("--no-gc-policy", action="store_true",
+                        help="run the workers with gc_policy=False (CPython's GC thresholds)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
