@@ -5,8 +5,8 @@ run (the coroutine stack through httpx, httpcore and anyio, cancel scopes, event
 130,000 new objects within a second. CPython's defaults (thresholds 700, 10, 10) run a
 full collection every 10 collections of the middle generation, that is every ~70,000 net
 allocations (whenever the objects waiting for one are more than a quarter of those that
-survived the last): two to four in such a burst, each walking every tracked object of the
-process (50 to 130 ms each on the test machine), a third of the CPU the worker spends
+survived the last): two or three in such a burst, each walking every tracked object of the
+process (70 to 130 ms each on the test machine), a third of the CPU the worker spends
 from the claim to its last request (docs/benchmarks.md, target 1).
 
 While a worker runs, :func:`worker_policy` raises the third threshold to at least

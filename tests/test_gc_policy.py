@@ -1,7 +1,7 @@
 """While a worker runs, a burst of new objects makes no full garbage collection (durable/_gc.py).
 
 A claim of a thousand runs allocates ~130,000 objects that stay alive while the runs wait
-for their responses; CPython's default thresholds run two to four full collections in such
+for their responses; CPython's default thresholds run two or three full collections in such
 a burst (a third of the worker's CPU from the claim to its last request). The worker
 raises the third threshold while it runs and gives the previous ones back when the last
 worker of the process stops.
