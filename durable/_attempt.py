@@ -17,7 +17,6 @@ it still holds its epoch (the store checks).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -477,11 +476,13 @@ class Attempt:
             return ("failed", stale)
         wf = self.registry.workflow(self.run.workflow)
         timeout = wf.timeout if self.run.timeout is None else self.run.timeout
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
-        with anyio.CancelScope(deadline=deadline) as wf_scope:
+        if timeout is None:  # no scope of its own: the attempt's scope is enough
             result = await wf.fn(WorkflowContext(self), *self.run.args)
-        if wf_scope.cancelled_caught:
-            return ("failed", TimeoutError(f"workflow timed out after {timeout:g} s"))
+        else:
+            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as wf_scope:
+                result = await wf.fn(WorkflowContext(self), *self.run.args)
+            if wf_scope.cancelled_caught:
+                return ("failed", TimeoutError(f"workflow timed out after {timeout:g} s"))
         if steps.doom is not None:
             return ("failed", steps.doom)
         refuse_unknown(result)

@@ -5,7 +5,17 @@ from __future__ import annotations
 import inspect
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import attrs
 import httpx
@@ -108,6 +118,19 @@ NOT_DONE: Any = _NotDone()
 Lookup = Callable[..., Awaitable[Any]]
 
 
+_WORKFLOW_CONTEXT: list[type[WorkflowContext]] = []
+
+
+def _workflow_context() -> type[WorkflowContext]:
+    """:class:`durable.WorkflowContext` (imported once, on the first step: _context imports
+    this module)."""
+    if not _WORKFLOW_CONTEXT:
+        from ._context import WorkflowContext
+
+        _WORKFLOW_CONTEXT.append(WorkflowContext)
+    return _WORKFLOW_CONTEXT[0]
+
+
 def positional(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                what: str) -> tuple[Any, ...]:
     """``args`` and ``kwargs`` of a call of ``fn(ctx, ...)`` as positional arguments only:
@@ -193,11 +216,9 @@ class Activity(Generic[P, R]):
 
     async def __call__(self, ctx: WorkflowContext | ActivityContext, *args: P.args,
                        **kwargs: P.kwargs) -> R:
-        from ._context import WorkflowContext
-
-        if isinstance(ctx, WorkflowContext):
+        if isinstance(ctx, _workflow_context()):
             return await ctx.step(self, *args, **kwargs)
-        return await self.fn(ctx, *args, **kwargs)
+        return await self.fn(cast("ActivityContext", ctx), *args, **kwargs)
 
     def bind(self, *args: P.args, **kwargs: P.kwargs) -> BoundActivity[R]:
         """This activity with its arguments, checked by a type checker like a call:

@@ -188,6 +188,18 @@ class Steps:
     @contextmanager
     def identified(self, name: str, key: str | None) -> Iterator[StepView]:
         """The step's view, held open (for the unkeyed-concurrency check) for the block."""
+        view = self._open(name, key)
+        if key is not None:
+            yield view
+            return
+        try:
+            yield view
+        finally:
+            self._open_unkeyed = None
+
+    def _open(self, name: str, key: str | None) -> StepView:
+        """Identify a step and, if unkeyed, hold it open (the caller clears
+        ``_open_unkeyed`` when it ends)."""
         if key is None and self._open_unkeyed is not None:
             err = ConfigError(
                 f"run {self.run_id}: the unkeyed step {name!r} was started while the unkeyed "
@@ -197,14 +209,9 @@ class Steps:
             self.doom = self.doom or err
             raise err
         view = self._identify(name, key)
-        if key is not None:
-            yield view
-            return
-        self._open_unkeyed = name
-        try:
-            yield view
-        finally:
-            self._open_unkeyed = None
+        if key is None:
+            self._open_unkeyed = name
+        return view
 
     def _identify(self, name: str, key: str | None) -> StepView:
         if key is None:
@@ -463,8 +470,15 @@ class Steps:
         return await self._complete_from_lookup(act, view, found, accepted=True)
 
     async def run_step(self, act: AnyActivity, args: tuple[Any, ...], key: str | None) -> Any:
-        with self.identified(act.name, key) as view:
+        # self.identified(act.name, key) written out: a generator context manager costs
+        # more than the rest of a completed step's replay
+        view = self._open(act.name, key)
+        if key is not None:
             return await self._run_step(act, args, view)
+        try:
+            return await self._run_step(act, args, view)
+        finally:
+            self._open_unkeyed = None
 
     async def _run_step(self, act: AnyActivity, args: tuple[Any, ...], view: StepView) -> Any:
         if view.state is StepState.COMPLETED:

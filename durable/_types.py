@@ -77,10 +77,14 @@ NEVER = 253402300799.0
 due only when a signal makes it due."""
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""One encoder for every value (``json.dumps`` with options builds a new one per call)."""
+
+
 def dumps(value: JSON, what: str = "value") -> str:
     """Encode a JSON value, or raise NotJsonError naming what was not JSON."""
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+        return _ENCODE(value)
     except (TypeError, ValueError) as exc:
         raise NotJsonError(f"{what} must be JSON values: {exc}") from exc
 

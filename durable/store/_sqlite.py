@@ -77,6 +77,7 @@ for _name in ("claim", "claim_run", "claimable"):
 
 
 def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:
+    data = entry.data
     return {
         "run_id": fence.run_id,
         "epoch": fence.epoch,
@@ -86,7 +87,8 @@ def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, An
         "name": entry.name,
         "attempt": entry.attempt_column,
         "now": now,
-        "data": None if entry.data is None else dumps(dict(entry.data), "journal data"),
+        "data": None if data is None else dumps(
+            data if type(data) is dict else dict(data), "journal data"),
     }
 
 
