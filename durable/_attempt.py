@@ -53,7 +53,7 @@ from ._interceptors import (
     tell,
 )
 from ._lease import LEASE_SAFETY as LEASE_SAFETY
-from ._lease import Lease
+from ._lease import Lease, is_lazily_bounded
 from ._logging import get_logger, redact
 from ._pool import LOG_EXTENSION, WAIT_EXTENSION, WorkerTransport
 from ._steps import (
@@ -134,6 +134,9 @@ class Attempt:
         self.steps = Steps(self)
         self.console_url = console_url
         self._deferred: list[JournalWrite] = []
+        self._lazy_append = is_lazily_bounded(store.append)
+        """The store's append bounds its own waits: its shielded scope needs no timer
+        unless it waits (a SQLite write committed in the event loop's thread)."""
         self._transport = transport
         self._own_transport: WorkerTransport | None = None
         self._worker_id = worker_id
@@ -284,7 +287,7 @@ class Attempt:
         written = False
         try:
             written = await self.fenced(lambda: self.store.append(self.fence, batch),
-                                        "append", len(batch))
+                                        "append", len(batch), lazy=self._lazy_append)
         except StoreError as exc:
             # cannot tell whether it committed: stop here and let recovery resume the run
             self.log.error("journal_write_failed", error=str(exc))
@@ -293,7 +296,8 @@ class Attempt:
             raise self.refusal()
 
     async def fenced(self, write: Callable[[], Awaitable[bool]], kind: str = "append",
-                     entries: int = 0, *, intercepted: bool = False) -> bool:
+                     entries: int = 0, *, intercepted: bool = False,
+                     lazy: bool = False) -> bool:
         """One fenced store write, shielded (bounded by :data:`WRITE_TIMEOUT` and the lease).
 
         A write the store says was never sent (:class:`NotSentError`: no connection could be
@@ -301,16 +305,20 @@ class Attempt:
         while the lease holds; any other store error leaves its outcome unknown and is
         raised. False when the fence refused it, or when the time ran out before an answer.
         ``kind`` and ``entries`` say what it is, for interceptors (:class:`WriteInfo`).
+        ``lazy``: ``write`` waits only after :func:`durable._lease.arm_bound` (a
+        :func:`~durable._lease.lazily_bounded` store method), so the bound's timer is set
+        only then (:meth:`Lease.shielded`).
         """
         if not intercepted and self.chain is not None and self.chain.write:
             return bool(await around(self.chain.write, WriteInfo(self.run, kind, entries),
-                                     lambda: self.fenced(write, intercepted=True)))
+                                     lambda: self.fenced(write, intercepted=True,
+                                                         lazy=lazy)))
         if self.claim is not None:  # any write but the first journal write: claim first
             await self.ensure_claimed()
         delay = 0.05
         while True:
             try:
-                with self.lease.shielded(WRITE_TIMEOUT):
+                with self.lease.shielded(WRITE_TIMEOUT, lazy=lazy):
                     return await write()
                 return False  # the shielded scope ran out (or the lease was lost) first
             except NotSentError as exc:

@@ -20,11 +20,15 @@ the attempt holds nothing, whatever anyio's clock says (docs/design.md, "Clocks"
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from typing import Any, TypeVar
 
 import anyio
 
 from . import _clock
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 LEASE_SAFETY = 0.1
 """Fraction of the lease kept as margin: the local deadline falls this much before expiry."""
@@ -62,11 +66,23 @@ class Lease:
         for scope in list(self._bounded):
             scope.cancel()
 
-    def shielded(self, timeout: float) -> _Shielded:
+    def shielded(self, timeout: float, *, lazy: bool = False) -> _Shielded:
         """A scope that a stop does not cancel, bounded by ``timeout`` and by the lease:
-        it ends at the local lease deadline, and at once when the lease is lost."""
-        scope = anyio.CancelScope(
-            shield=True, deadline=min(anyio.current_time() + timeout, self.deadline))
+        it ends at the local lease deadline, and at once when the lease is lost.
+
+        ``lazy``: for work that waits only where it calls :func:`arm_bound` first (a
+        :func:`lazily_bounded` store method). The deadline is checked on entry and set on
+        the scope only when the work is about to wait: a write that commits in the event
+        loop's thread without waiting costs no timer (docs/design.md, "One commit per
+        step")."""
+        now = anyio.current_time()
+        deadline = min(now + timeout, self.deadline)
+        if lazy:
+            scope = anyio.CancelScope(shield=True)
+            if self.lost is not None or deadline <= now:
+                scope.cancel()
+            return _Shielded(self._bounded, scope, deadline)
+        scope = anyio.CancelScope(shield=True, deadline=deadline)
         if self.lost is not None:
             scope.cancel()
         return _Shielded(self._bounded, scope)
@@ -75,25 +91,65 @@ class Lease:
 class _Shielded:
     """:meth:`Lease.shielded`'s context manager (a class: it is on every journal write)."""
 
-    __slots__ = ("_bounded", "_scope")
+    __slots__ = ("_bounded", "_deadline", "_scope", "_token")
 
-    def __init__(self, bounded: set[anyio.CancelScope], scope: anyio.CancelScope) -> None:
+    def __init__(self, bounded: set[anyio.CancelScope], scope: anyio.CancelScope,
+                 deadline: float | None = None) -> None:
         self._bounded = bounded
         self._scope = scope
+        self._deadline = deadline
+        """A lazy scope's deadline, until :meth:`arm` sets it on the scope."""
+        self._token: Token[_Shielded | None] | None = None
 
     def __enter__(self) -> anyio.CancelScope:
         self._bounded.add(self._scope)
         try:
-            return self._scope.__enter__()
+            scope = self._scope.__enter__()
         except BaseException:
             self._bounded.discard(self._scope)
             raise
+        if self._deadline is not None:
+            self._token = _LAZY.set(self)
+        return scope
 
     def __exit__(self, *exc: Any) -> bool:
         try:
+            if self._token is not None:
+                _LAZY.reset(self._token)
+                self._token = None
             return bool(self._scope.__exit__(*exc))
         finally:
             self._bounded.discard(self._scope)
+
+    def arm(self) -> None:
+        if self._deadline is not None:
+            self._scope.deadline, self._deadline = self._deadline, None
+
+
+_LAZY: ContextVar[_Shielded | None] = ContextVar("durable_lazy_bound", default=None)
+"""The lazy :meth:`Lease.shielded` scope the current task is in, its deadline not set yet."""
+
+_LAZILY_BOUNDED = "_durable_lazily_bounded"
+
+
+def arm_bound() -> None:
+    """Called right before a real wait (for a database thread's answer): the lazy
+    :meth:`Lease.shielded` scope around it, if any, takes its deadline now."""
+    shielded = _LAZY.get()
+    if shielded is not None:
+        shielded.arm()
+
+
+def lazily_bounded(method: F) -> F:
+    """Mark a store method that waits only after :func:`arm_bound`: an attempt may call
+    it under a lazy :meth:`Lease.shielded` scope. An override (a subclass's method) is not
+    marked, and gets an eager scope."""
+    setattr(method, _LAZILY_BOUNDED, True)
+    return method
+
+
+def is_lazily_bounded(method: Callable[..., Any]) -> bool:
+    return bool(getattr(getattr(method, "__func__", method), _LAZILY_BOUNDED, False))
 
 
 def _boot_time(sent_at: float, sent_boot: float | None) -> float:

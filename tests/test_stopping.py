@@ -9,6 +9,7 @@ honoured before any workflow code runs.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -315,3 +316,45 @@ async def test_a_stop_inside_a_workflow_task_group_ends_the_same_on_both_backend
                 done = await client.get("g")
     assert "attempt_crashed" not in [e["event"] for e in logs]
     assert done.state is RunState.CANCELLED
+
+
+async def test_a_journal_write_waiting_for_a_locked_database_ends_with_the_lease(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """Another connection holds SQLite's write lock: the step's completion cannot commit
+    in the event loop's thread and waits in the database thread (which would wait 30 s for
+    the lock). Its shielded scope sets its deadline only then (durable._lease.arm_bound),
+    and the wait still ends at the local lease deadline: the attempt is abandoned while the
+    lock is held (the completion's outcome is unknown to it: the queued job may commit once
+    the lock goes, the database's fence deciding)."""
+    path = tmp_path / "locked.db"
+    store = SqliteStore(str(path))
+    await store.open()
+    client = durable.Client(store, registry=registry)
+    entered, locked = anyio.Event(), anyio.Event()
+
+    @durable.activity("once", registry=registry, on_doubt="fail")
+    async def once(ctx: durable.ActivityContext) -> int:
+        entered.set()
+        await locked.wait()
+        return 1
+
+    @durable.workflow("held", registry=registry)
+    async def held(ctx: durable.WorkflowContext) -> int:
+        return int(await once(ctx))
+
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        with durable.testing.capture_logs() as logs:
+            async with running_worker(client, registry, lease=1.0):
+                await client.start("held", id="h")
+                await entered.wait()
+                holder.execute("BEGIN IMMEDIATE")
+                locked.set()
+                await poll(lambda: any(e["event"] == "attempt_abandoned" for e in logs))
+                assert holder.in_transaction  # the lock was held all along
+                holder.rollback()
+    finally:
+        holder.close()
+        await store.aclose()
+    [stopping] = [e for e in logs if e["event"] == "attempt_stopping"]
+    assert stopping["reason"] == "a journal write was refused, or its outcome is unknown"

@@ -29,6 +29,7 @@ from .._errors import (
     StoreError,
     StoreUnavailableError,
 )
+from .._lease import lazily_bounded
 from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec, schedule_params
 from .._types import (
@@ -517,6 +518,7 @@ class SqliteStore(Store):
 
         return await self._run(tx)
 
+    @lazily_bounded  # it waits only in DbThread.run, which arms the bound first
     async def append(self, fence: Fence, entries: Sequence[JournalWrite]) -> bool:
         now = self.clock.now()
         rows = [_entry_params(fence, e, now) for e in entries]

@@ -35,6 +35,7 @@ import sniffio
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
 
 from .._errors import StoreError
+from .._lease import arm_bound
 
 T = TypeVar("T")
 
@@ -239,6 +240,7 @@ class DbThread:
         if inline is None:
             job: _Job[T] = _Job(fn, write)
             self._to_thread(job)
+            arm_bound()
             await job.event.wait()
             return job.outcome()
         await checkpoint_if_cancelled()
@@ -248,6 +250,7 @@ class DbThread:
             except _Miss:
                 job = _Job(fn, write)
                 self._to_thread(job)
+                arm_bound()
                 await job.event.wait()
                 return job.outcome()
             self.inline_jobs += 1
@@ -256,6 +259,7 @@ class DbThread:
         job = _Job(fn, write)
         self._pending.append(job)
         if self._flushing:
+            arm_bound()
             await job.event.wait()  # the writer that came first commits this one too
             return job.outcome()
         self._flushing = True
@@ -283,6 +287,7 @@ class DbThread:
         finally:
             self._flushing = False
         if not flushed:
+            arm_bound()
             await job.event.wait()
         return job.outcome()
 
