@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - a future httpcore: its own connects on
 SHARD_SIZE = 8
 """Connections per httpcore pool: small enough that its per-request scans stay cheap (each
 request and each response walks the pool's connections two or three times, and its idle
-ones once per idle connection). 8 rather than 32: 10 % less CPU to put 1,000 concurrent
+ones once per idle connection). 8 rather than 32: 4 to 8 % less CPU to put 1,000 concurrent
 requests on the wire (docs/benchmarks.md, target 1); the pick among a host's pools is
 one ``min`` over a list of ints."""
 
