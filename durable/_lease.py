@@ -140,6 +140,12 @@ def arm_bound() -> None:
         shielded.arm()
 
 
+def in_lazy_bound() -> bool:
+    """Whether the current task is in a lazy :meth:`Lease.shielded` scope (innermost:
+    only lazily bounded store code runs in one)."""
+    return _LAZY.get() is not None
+
+
 def lazily_bounded(method: F) -> F:
     """Mark a store method that waits only after :func:`arm_bound`: an attempt may call
     it under a lazy :meth:`Lease.shielded` scope. An override (a subclass's method) is not

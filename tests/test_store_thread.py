@@ -15,6 +15,7 @@ import pytest
 
 from durable._clock import FakeClock
 from durable._errors import StoreError
+from durable._lease import Lease
 from durable._types import EntryKind, JournalWrite
 from durable.store._sqlite import SqliteStore
 from durable.store._thread import DbThread
@@ -203,3 +204,41 @@ async def test_aclose_does_not_block_the_event_loop(tmp_path: Path) -> None:
         await anyio.to_thread.run_sync(holder.join)
     assert state["ticks"] == 20 and state["closed"]
     assert state["closed_when_ticked"] is False
+
+
+async def test_a_lease_lost_while_the_first_writer_gathers_its_batch_still_commits_it(
+        tmp_path: Path) -> None:
+    """The first writer of a batch yields (so other runs join) inside an attempt's lazy
+    shielded write scope; the lease is lost during that yield, by the task that joins. The
+    batch, the other run's write with it, is committed all the same, and only then does
+    the lost lease's cancel go on: nobody waits for a batch that nobody flushes."""
+    path = tmp_path / "lost.db"
+    make_table(path)
+    db = DbThread(connector(path), busy_retry=5.0, connect_inline=connector(path))
+    await anyio.to_thread.run_sync(db.start)
+    await anyio.to_thread.run_sync(db.start_inline)
+    lease = Lease(30.0, anyio.current_time())
+    joining = anyio.Event()
+    got: dict[str, object] = {}
+
+    async def first() -> None:
+        with lease.shielded(10.0, lazy=True) as scope:
+            joining.set()  # the other task runs during the yield below
+            got["a"] = await db.run(insert("a"))
+        got["a cancelled"] = scope.cancelled_caught
+
+    async def other() -> None:
+        await joining.wait()
+        lease.lose("lost while the batch gathers")
+        got["b"] = await db.run(insert("b"))
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other)
+                await anyio.lowlevel.checkpoint()  # other waits for joining
+                tg.start_soon(first)
+    finally:
+        await anyio.to_thread.run_sync(db.stop)
+    assert got["b"] == "b"
+    assert names(path) == ["a", "b"]

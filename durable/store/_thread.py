@@ -22,6 +22,7 @@ checkpoint before (a cancelled caller writes nothing) and after (others get to r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import queue
 import sqlite3
@@ -35,7 +36,7 @@ import sniffio
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
 
 from .._errors import StoreError
-from .._lease import arm_bound
+from .._lease import arm_bound, in_lazy_bound
 
 T = TypeVar("T")
 
@@ -264,8 +265,20 @@ class DbThread:
             return job.outcome()
         self._flushing = True
         flushed = False
+        stopped: BaseException | None = None
         try:
-            await cancel_shielded_checkpoint()  # let the other runs add their writes
+            # let the other runs add their writes
+            if in_lazy_bound() and sniffio.current_async_library() == "asyncio":
+                # Inside an attempt's shielded write scope (durable._lease): nothing but
+                # that scope's own cancel (a lost lease) can land here, so a plain yield
+                # does, without anyio's second shielded scope; if it lands, the batch is
+                # still committed for everyone in it, then the cancel goes on.
+                try:
+                    await asyncio.sleep(0)
+                except BaseException as exc:
+                    stopped = exc
+            else:
+                await cancel_shielded_checkpoint()
             batch, self._pending = self._pending, []
             try:
                 done = self._flush_inline(inline, batch)
@@ -286,6 +299,8 @@ class DbThread:
                     self._to_thread(other)
         finally:
             self._flushing = False
+        if stopped is not None:
+            raise stopped
         if not flushed:
             arm_bound()
             await job.event.wait()
