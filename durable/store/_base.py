@@ -39,7 +39,7 @@ from .._types import (
     SignalSent,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10

@@ -507,8 +507,10 @@ SELECT (SELECT count(*) FROM fired) AS fired;
 
 -- name: prunable_runs
 -- What prune would delete, for a dry run: by the index durable_runs_by_end, keyset-paged.
+-- Its rows are the finished runs (partial): the IN, word for word the index's WHERE, lets
+-- a generic plan (a prepared statement) read it whatever %(state)s is bound to.
 SELECT * FROM durable_runs
-WHERE state = %(state)s AND updated_at < %(cutoff)s
+WHERE state IN ('completed', 'failed', 'cancelled') AND state = %(state)s AND updated_at < %(cutoff)s
   AND (updated_at, id COLLATE "C") > (%(after_at)s::double precision, %(after_id)s::text)
 ORDER BY updated_at, id COLLATE "C"
 LIMIT %(limit)s;
@@ -521,7 +523,8 @@ LIMIT %(limit)s;
 -- prune_delete_runs.
 WITH doomed AS (
     SELECT id, workflow, concurrency_key, state, updated_at FROM durable_runs
-    WHERE state = %(state)s AND updated_at < %(cutoff)s
+    WHERE state IN ('completed', 'failed', 'cancelled')  -- durable_runs_by_end (partial)
+      AND state = %(state)s AND updated_at < %(cutoff)s
     ORDER BY updated_at, id COLLATE "C"
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

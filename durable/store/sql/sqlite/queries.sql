@@ -60,8 +60,9 @@ id >= :id_prefix AND id < :id_prefix_end
 id >= :id_prefix
 
 -- name: latest_run
+-- the key's index (unary +: the workflow is checked on the key's few runs, as in the list)
 SELECT * FROM durable_runs
-WHERE workflow = :workflow AND concurrency_key = :key
+WHERE +workflow = :workflow AND concurrency_key = :key
 ORDER BY created_at DESC, id DESC
 LIMIT 1;
 
@@ -72,7 +73,8 @@ LIMIT 1;
 -- claim's token is above every earlier one's.
 UPDATE durable_runs
 SET state = 'running',
-    epoch = (SELECT coalesce(max(epoch), 0) + 1 FROM durable_runs),
+    -- epoch > 0: the partial index durable_runs_epoch (the same max: no epoch is negative)
+    epoch = (SELECT coalesce(max(epoch), 0) + 1 FROM durable_runs WHERE epoch > 0),
     attempt = attempt + 1,
     worker = :worker,
     lease_expires_at = :now + :lease,
@@ -86,7 +88,9 @@ RETURNING *;
 -- claim: the first :limit of the queue (or :run_id among them)
 +state = 'queued'  -- unary +: look the chosen ids up by primary key, not the queue
   AND id IN (
-    SELECT r.id FROM durable_runs AS r
+    -- the queue (partial: queued runs only) in the claim's order, whatever the planner
+    -- guesses without statistics (it would take durable_runs_by_state and sort)
+    SELECT r.id FROM durable_runs AS r INDEXED BY durable_runs_queue
     WHERE /*claimable*/
       AND (:run_id IS NULL OR r.id = :run_id)
     ORDER BY r.run_at, r.created_at, r.id
@@ -113,7 +117,7 @@ r.state = 'queued' AND r.run_at <= :now
 
 -- name: claimable
 -- What claim would take now, by a read (no write, no lock).
-SELECT r.* FROM durable_runs AS r
+SELECT r.* FROM durable_runs AS r INDEXED BY durable_runs_queue
 WHERE /*claimable*/
 ORDER BY r.run_at, r.created_at, r.id
 LIMIT :limit;
@@ -253,12 +257,14 @@ SELECT * FROM durable_records WHERE namespace = :namespace AND key = :key;
 SELECT * FROM durable_records WHERE namespace = :namespace ORDER BY key;
 
 -- name: next_run_at
-SELECT min(run_at) AS run_at FROM durable_runs WHERE state = 'queued';
+SELECT min(run_at) AS run_at FROM durable_runs INDEXED BY durable_runs_queue
+WHERE state = 'queued';
 
 -- name: queue_stats
 -- The due queued runs per workflow, for metrics (durable/prometheus.py): a range of the
--- queue index (state, run_at, ...).
-SELECT workflow, count(*) AS n, :now - min(run_at) AS age FROM durable_runs
+-- queue index (run_at, ...) WHERE state = 'queued'.
+SELECT workflow, count(*) AS n, :now - min(run_at) AS age
+FROM durable_runs INDEXED BY durable_runs_queue
 WHERE state = 'queued' AND run_at <= :now
 GROUP BY workflow;
 
@@ -350,8 +356,11 @@ WHERE name = :name AND version = :version AND NOT paused AND fired_through < :fi
 
 -- name: prunable_runs
 -- What prune would delete, for a dry run: by the index durable_runs_by_end, keyset-paged.
+-- Its rows are the finished runs (partial): the IN, word for word the index's WHERE, lets
+-- the planner read it whatever :state is bound to.
 SELECT * FROM durable_runs
-WHERE state = :state AND updated_at < :cutoff AND (updated_at, id) > (:after_at, :after_id)
+WHERE state IN ('completed', 'failed', 'cancelled')
+  AND state = :state AND updated_at < :cutoff AND (updated_at, id) > (:after_at, :after_id)
 ORDER BY updated_at, id
 LIMIT :limit;
 
@@ -361,7 +370,8 @@ LIMIT :limit;
 -- transaction (SqliteStore.prune_runs).
 INSERT INTO durable_pruned_runs (id, workflow, concurrency_key, state, ended_at, pruned_at)
 SELECT id, workflow, concurrency_key, state, updated_at, :now FROM durable_runs
-WHERE state = :state AND updated_at < :cutoff
+WHERE state IN ('completed', 'failed', 'cancelled')  -- durable_runs_by_end (prunable_runs)
+  AND state = :state AND updated_at < :cutoff
 ORDER BY updated_at, id
 LIMIT :limit
 ON CONFLICT (id) DO UPDATE
@@ -377,8 +387,9 @@ DELETE FROM durable_journal WHERE run_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM durable_signals WHERE run_id IN (SELECT value FROM json_each(:ids));
 
 -- name: prune_delete_runs
+-- by the primary key (unary +: not by walking every prunable run of the state)
 DELETE FROM durable_runs
-WHERE id IN (SELECT value FROM json_each(:ids)) AND state = :state AND updated_at < :cutoff;
+WHERE id IN (SELECT value FROM json_each(:ids)) AND +state = :state AND +updated_at < :cutoff;
 
 -- name: get_pruned
 SELECT * FROM durable_pruned_runs WHERE id = :id;

@@ -1,0 +1,135 @@
+"""The plans of the store's statements that read ``durable_runs``: each reads the index its
+comment names, and none scans the table (migration 007 made several indexes partial: a
+partial index serves a statement only when the statement's WHERE implies the index's).
+
+SQLite: ``EXPLAIN QUERY PLAN`` of every named statement of ``queries.sql`` on a store with
+runs in every state (no ANALYZE: the store never runs it). PostgreSQL: the generic plan
+(a prepared statement's, whatever the parameters are) of the prune statements, which read
+the partial ``durable_runs_by_end``. The list filters' plans: tests/test_store_console.py.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable._clock import FakeClock
+from durable._types import NewRun, RunState
+from durable.store._sqlite import Q, SqliteStore
+from tests.pg import TRIO_SKIP, connect_sync, pg_url, postgres_server
+
+__all__ = ["pg_url", "postgres_server"]
+
+pytestmark = pytest.mark.anyio
+
+# a value for every parameter of the statements below (the plan does not depend on them,
+# except that a NULL :run_id keeps the claim on the queue)
+VALUES: dict[str, Any] = {
+    "state": "completed", "now": 1e9, "limit": 10, "run_id": None, "epoch": 3, "workflows": None,
+    "worker": "w", "lease": 30.0, "cutoff": 1e9, "after_at": 0.0, "after_id": "", "ids": '["a"]',
+    "held": '[["a", 1]]', "details": "{}", "key": "k1", "workflow": "wf", "name": "n",
+    "id": "r1", "after": 0, "max_recoveries": 3, "cancelled_error": "x", "waiting_for": None,
+    "seen_signals": 0, "run_at": None, "result": None, "error": None,
+}
+# statement -> (a plan line that must be there, ...)
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "claim": ("SEARCH r USING INDEX durable_runs_queue (run_at<?)",
+              "SEARCH durable_runs USING COVERING INDEX durable_runs_epoch (epoch>?)",
+              "SEARCH x USING INDEX durable_runs_one_running_per_key (concurrency_key=?)",
+              "SEARCH y USING INDEX durable_runs_queued_by_key (concurrency_key=?)"),
+    "claim_run": ("SEARCH r USING INDEX sqlite_autoindex_durable_runs_1 (id=?)",
+                  "SEARCH durable_runs USING COVERING INDEX durable_runs_epoch (epoch>?)",
+                  "SEARCH y USING INDEX durable_runs_queued_by_key (concurrency_key=?)"),
+    "claimable": ("SEARCH r USING INDEX durable_runs_queue (run_at<?)",
+                  "SEARCH y USING INDEX durable_runs_queued_by_key (concurrency_key=?)"),
+    "next_run_at": ("SEARCH durable_runs USING INDEX durable_runs_queue",),
+    "queue_stats": ("SEARCH durable_runs USING INDEX durable_runs_queue (run_at<?)",),
+    "prunable_runs": ("SEARCH durable_runs USING INDEX durable_runs_by_end "
+                      "(state=? AND (updated_at,id)>(?,?) AND updated_at<?)",),
+    "prune_mark": ("SEARCH durable_runs USING INDEX durable_runs_by_end "
+                   "(state=? AND updated_at<?)",),
+    "prune_delete_runs": ("SEARCH durable_runs USING INDEX sqlite_autoindex_durable_runs_1 "
+                          "(id=?)",),
+    "latest_run": ("SEARCH durable_runs USING INDEX durable_runs_by_concurrency_key "
+                   "(concurrency_key=?)",),
+    "recover_stale": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),
+    "any_expired": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),
+    "renew": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),
+}
+# the claim's order and the list's come from their index: no sort
+UNSORTED = {"claim", "claimable", "latest_run", "prunable_runs", "prune_mark"}
+# fragments and templates (planned as parts of the statements above), and bulk seeding
+SKIP = re.compile(r"runs_where_.*|claim_which_.*|claimable_where|recover_which_.*|recover"
+                  r"|list_runs|count_runs|seed_run|insert_run")
+
+
+async def test_every_statement_on_the_runs_reads_its_index(tmp_path: Path) -> None:
+    path = tmp_path / "plans.db"
+    store = SqliteStore(str(path), clock=FakeClock(start=1000.0))
+    await store.open()
+    try:
+        for i in range(len(RunState)):
+            for j in range(3):
+                await store.create_run(
+                    NewRun(f"r{i}{j}", "wf", [], f"k{i}{j}" if j else None, 1000.0))
+    finally:
+        await store.aclose()
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for i, state in enumerate(RunState):  # rows in every state: the plans need no history
+            conn.execute("UPDATE durable_runs SET state = ?, epoch = ? WHERE id LIKE ?",
+                         (state.value, i, f"r{i}%"))
+        seen: dict[str, list[str]] = {}
+        for name, query in sorted(Q.items()):
+            if SKIP.fullmatch(name) or "durable_runs" not in query:
+                continue
+            params = {p: VALUES.get(p, "x") for p in re.findall(r":(\w+)", query)}
+            steps = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, params)]
+            seen[name] = steps
+            # a table scan of the runs (by any alias): every statement reads an index
+            assert not any(re.fullmatch(r"SCAN (durable_runs|[a-z])", s) for s in steps), (
+                name, steps)
+            for line in EXPECTED.get(name, ()):
+                assert line in steps, (name, line, steps)
+            if name in UNSORTED:
+                assert not any("TEMP B-TREE" in s for s in steps), (name, steps)
+        assert set(EXPECTED) <= set(seen), set(EXPECTED) - set(seen)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(reason=TRIO_SKIP))])
+async def test_postgres_prune_reads_the_partial_end_index_in_a_generic_plan(
+        pg_url: str) -> None:
+    """A prepared statement's generic plan does not know %(state)s: the statement's own
+    ``state IN (...)`` is what lets it read the partial index (psycopg prepares a statement
+    run five times)."""
+    import durable
+    from durable.store._postgres import Q as PQ
+
+    async with durable.Client.connect(pg_url):  # the schema
+        pass
+    values: dict[str, Any] = {"state": "completed", "cutoff": 100.0, "after_at": 0.0,
+                              "after_id": "", "limit": 10, "now": 1e9}
+    with connect_sync(pg_url) as conn:
+        conn.execute(
+            "INSERT INTO durable_runs (id, workflow, args, state, run_at, created_at, updated_at)"
+            " SELECT 'p' || g, 'wf', '[]', CASE WHEN g % 10 = 0 THEN 'queued' "
+            "ELSE 'completed' END, g, g, g FROM generate_series(1, 5000) AS g")
+        conn.execute("ANALYZE durable_runs")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        for name in ("prunable_runs", "prune_mark"):
+            names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", PQ[name])))
+            body = PQ[name]
+            for n, param in enumerate(names, start=1):
+                body = body.replace(f"%({param})s", f"${n}")
+            conn.execute(f"PREPARE plan_{name} AS {body}")
+            args = ", ".join(f"'{values[n]}'" for n in names)
+            plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE plan_{name} ({args})"))
+            assert "durable_runs_by_end" in plan, (name, plan)
+            assert "$1" in plan or "$2" in plan, plan  # generic: the parameters stay symbols
