@@ -16,11 +16,24 @@ and queries; this script does not put its own checkout first when PYTHONPATH is 
   commits each state change alone would. CPU (``time.process_time``) per claim and per finish,
   commit included, and the WAL frames (pages) each commit writes (``wal_autocheckpoint`` off
   meanwhile; the frame count is ``PRAGMA wal_checkpoint``'s, the WAL restarted before).
+- **autocheckpoint**: ``--runs`` more runs claimed and finished one commit each, once with
+  SQLite's default ``wal_autocheckpoint = 1000`` (the commit that takes the WAL past 1,000
+  pages copies it into the database file, in the committing call) and once with 0 (never):
+  CPU per state change, median and slowest commit (wall clock).
 - **statements alone**: ``--runs`` more runs claimed in one transaction, then finished in one
   transaction: the CPU of the statement without its commit.
-- **checkpoint**: what a checkpoint of the WAL those commits wrote costs (``PASSIVE``,
+- **checkpoint**: what one checkpoint of the WAL those commits wrote costs (``PASSIVE``,
   CPU and wall clock), against the per-commit figures: with the default
   ``wal_autocheckpoint=1000`` that cost falls on the commit that crosses 1,000 pages.
+
+``--pg-url postgresql://...`` (e.g. ``postgresql://postgres@127.0.0.1:5432/test``) also
+measures PostgreSQL, in a fresh schema of that database (dropped at the end): the store
+creates the schema, the same history is inserted by ``generate_series`` then ``VACUUM
+ANALYZE``; each run is claimed by the store's ``claim`` statement (``run_id`` given, limit 1)
+and finished by its ``finish_run``, one autocommit statement each on a plain (sync)
+``psycopg`` connection: wall clock per statement (a loopback round trip and a commit
+included) and the WAL bytes each writes (``pg_current_wal_lsn()`` before and after the
+phase, so other sessions' writes to the same server count too: compare on a quiet server).
 
 Each phase runs ``--repeat`` times (default 3, fresh runs each time on the same file); the
 median is printed. The indexes of ``durable_runs`` are listed with the figures.
@@ -165,6 +178,34 @@ def checkpoint_cost(path: Path, ids: list[str], now: float) -> dict[str, float]:
         conn.close()
 
 
+def autocheckpoint(conn: sqlite3.Connection, ids: list[str], now: float,
+                   pages: int) -> dict[str, float]:
+    """Claim and finish each run, one commit each, under ``wal_autocheckpoint = pages``
+    (0: never): CPU per state change, and the slowest commit (the one that checkpoints)."""
+    restart_wal(conn)
+    conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+    walls: list[float] = []
+    c0 = time.process_time()
+    for run_id in ids:
+        w0 = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute(Q["claim_run"], claim_params(run_id, now)).fetchone()
+        conn.execute("COMMIT")
+        w1 = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(Q["finish_run"], finish_params(run_id, row["epoch"], now + 1))
+        conn.execute("COMMIT")
+        walls += [w1 - w0, time.perf_counter() - w1]
+    cpu = time.process_time() - c0
+    conn.execute("PRAGMA wal_autocheckpoint = 1000")
+    walls.sort()
+    tag = f"auto{pages}"
+    return {f"{tag}_cpu_us": 1e6 * cpu / len(walls),
+            f"{tag}_p50_wall_us": 1e6 * walls[len(walls) // 2],
+            f"{tag}_max_wall_ms": 1e3 * walls[-1],
+            f"{tag}_wal_frames_left": float(wal_frames(conn))}
+
+
 def statements_alone(conn: sqlite3.Connection, ids: list[str], now: float) -> dict[str, float]:
     conn.execute("BEGIN IMMEDIATE")
     t0 = time.process_time()
@@ -199,6 +240,76 @@ def plain_commit_us(path: Path, n: int) -> float:
         conn.close()
 
 
+def postgres_phase(url: str, history: int, runs: int, repeat: int) -> dict[str, float]:
+    import uuid
+
+    import psycopg
+    from psycopg import sql
+
+    from durable.store._postgres import Q as PQ
+
+    schema = f"bench_state_{uuid.uuid4().hex[:10]}"
+
+    async def create() -> None:
+        async with durable.Client.connect(f"{url}?schema={schema}"):
+            pass
+
+    anyio.run(create, backend="asyncio")
+    figures: dict[str, list[float]] = {}
+    try:
+        with psycopg.connect(url, autocommit=True,
+                             options=f"-c search_path={schema}") as conn:
+            conn.execute(
+                "INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch,"
+                " attempt, run_at, created_at, updated_at) SELECT 'old-' || md5(g::text),"
+                " 'wf.' || (g %% 10), '[]', CASE WHEN g %% 3 = 0 THEN NULL"
+                " ELSE 'slot-' || (g %% 1000) END, CASE WHEN g %% 100 < 85 THEN 'completed'"
+                " WHEN g %% 100 < 95 THEN 'failed' ELSE 'cancelled' END, g, 1,"
+                " %(start)s + g * 0.01, %(start)s + g * 0.01, %(start)s + g * 0.01 + 1"
+                " FROM generate_series(1, %(n)s) AS g", {"start": START, "n": history})
+            conn.execute("VACUUM ANALYZE durable_runs")
+            now = START + history * 0.01 + 10.0
+
+            def lsn() -> int:
+                row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+                return int(row[0])
+
+            empty: dict[str, Any] = {"kinds": [], "steps": [], "step_keys": [], "names": [],
+                                     "attempts": [], "datas": []}
+            for rep in range(repeat):
+                ids = [f"pg{rep}-{i:06d}" for i in range(runs)]
+                for i, run_id in enumerate(ids):
+                    conn.execute(PQ["insert_run"], {
+                        "id": run_id, "workflow": WORKFLOWS[i % 10], "args": "[]",
+                        "key": None, "run_at": now, "now": now, "timeout": None,
+                        "data": "{}"})
+                epochs: dict[str, int] = {}
+                w0, l0 = time.perf_counter(), lsn()
+                for run_id in ids:
+                    row = conn.execute(PQ["claim"], {
+                        "now": now, "run_id": run_id, "workflows": None, "limit": 1,
+                        "worker": "w1", "lease": 30.0, "data": None}).fetchone()
+                    assert row is not None, run_id
+                    epochs[run_id] = row[5]  # claimed.*: id, workflow, args, key, state, epoch
+                w1, l1 = time.perf_counter(), lsn()
+                for run_id in ids:
+                    conn.execute(PQ["finish_run"], {
+                        "state": "completed", "result": "1", "error": None, "now": now + 1,
+                        "run_id": run_id, "epoch": epochs[run_id], "schema": schema} | empty)
+                w2, l2 = time.perf_counter(), lsn()
+                got = {"pg_claim_wall_us": 1e6 * (w1 - w0) / runs,
+                       "pg_finish_wall_us": 1e6 * (w2 - w1) / runs,
+                       "pg_claim_wal_bytes": (l1 - l0) / runs,
+                       "pg_finish_wal_bytes": (l2 - l1) / runs}
+                for name, value in got.items():
+                    figures.setdefault(name, []).append(value)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                sql.Identifier(schema)))
+    return {name: statistics.median(values) for name, values in figures.items()}
+
+
 async def make_schema(path: Path) -> None:
     store = SqliteStore(str(path), clock=FakeClock(start=START))
     await store.open()
@@ -210,6 +321,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=2_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pg-url", help="also measure PostgreSQL, in a fresh schema here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,10 +340,15 @@ def main() -> None:
             got |= checkpoint_cost(path, insert_runs(conn, f"ck{rep}", args.runs, now), now)
             got |= statements_alone(conn, insert_runs(conn, f"all{rep}", args.runs, now), now)
             got["plain_commit_us"] = plain_commit_us(path, args.runs)
+            for pages in (1000, 0):  # the default (a checkpoint every ~1,000 pages), never
+                got |= autocheckpoint(conn, insert_runs(conn, f"a{pages}-{rep}", args.runs, now),
+                                      now, pages)
             for name, value in got.items():
                 figures.setdefault(name, []).append(value)
         conn.close()
     med = {name: statistics.median(values) for name, values in figures.items()}
+    if args.pg_url:
+        med |= postgres_phase(args.pg_url, args.history, args.runs, args.repeat)
     report = {"durable": str(Path(durable.__file__).parent.parent),
               "sqlite": sqlite3.sqlite_version, "history": args.history, "runs": args.runs,
               "repeat": args.repeat,
@@ -255,8 +372,19 @@ def main() -> None:
         (f"checkpoint of {med['frames']:.0f} frames, CPU ms", med["checkpoint_cpu_ms"]),
         (f"checkpoint of {med['frames']:.0f} frames, wall ms", med["checkpoint_wall_ms"]),
     ]
+    for pages in (1000, 0):
+        rows += [
+            (f"wal_autocheckpoint={pages}: CPU us per state change", med[f"auto{pages}_cpu_us"]),
+            (f"wal_autocheckpoint={pages}: commit p50 wall us", med[f"auto{pages}_p50_wall_us"]),
+            (f"wal_autocheckpoint={pages}: slowest commit, ms", med[f"auto{pages}_max_wall_ms"]),
+        ]
+    if args.pg_url:
+        rows += [("PostgreSQL claim (autocommit), wall us", med["pg_claim_wall_us"]),
+                 ("PostgreSQL finish_run (autocommit), wall us", med["pg_finish_wall_us"]),
+                 ("PostgreSQL WAL bytes per claim", med["pg_claim_wal_bytes"]),
+                 ("PostgreSQL WAL bytes per finish", med["pg_finish_wal_bytes"])]
     for label, value in rows:
-        print(f"  {label:<46} {value:9.2f}")
+        print(f"  {label:<52} {value:9.2f}")
 
 
 if __name__ == "__main__":

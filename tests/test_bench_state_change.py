@@ -18,7 +18,7 @@ def test_the_state_change_benchmark_prints_every_figure() -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     lines = done.stdout.splitlines()
     assert "500 finished runs" in lines[0] and "durable_runs_queue" in lines[1]
-    assert len(lines) == 11, lines
+    assert len(lines) == 17, lines
     for line in lines[2:]:
         assert float(line.split()[-1]) >= 0, line
     done = subprocess.run([*args, "--json"], cwd=ROOT, env=subprocess_env(),
