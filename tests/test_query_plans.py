@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from durable._clock import FakeClock
-from durable._types import NewRun, RunState
+from durable._types import Fence, NewRun, RunState
 from durable.store._sqlite import Q, SqliteStore
 from tests.pg import TRIO_SKIP, connect_sync, pg_url, postgres_server
+from tests.test_store_contract import clock, store_url
 
-__all__ = ["pg_url", "postgres_server"]
+__all__ = ["clock", "pg_url", "postgres_server", "store_url"]
 
 pytestmark = pytest.mark.anyio
 
@@ -133,3 +134,51 @@ async def test_postgres_prune_reads_the_partial_end_index_in_a_generic_plan(
             plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE plan_{name} ({args})"))
             assert "durable_runs_by_end" in plan, (name, plan)
             assert "$1" in plan or "$2" in plan, plan  # generic: the parameters stay symbols
+
+
+async def test_a_store_at_schema_6_upgrades_with_its_runs(
+        store_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 007 rebuilds indexes of a table that has rows: after the upgrade every run
+    is where it was, the claim takes the queued runs in order (the partial queue) with
+    epochs above every earlier one (the partial epoch index), and prune finds the finished
+    runs by their end (the partial ``durable_runs_by_end``)."""
+    from durable._retention import prune
+    from durable.store import _postgres, _sql, _sqlite, store_from_url
+
+    real = _sql.load_migrations
+
+    def up_to_6(dialect: str) -> list[tuple[int, str]]:
+        return [(n, script) for n, script in real(dialect) if n <= 6]
+
+    with monkeypatch.context() as patch:
+        for module in (_sqlite, _postgres):
+            patch.setattr(module, "load_migrations", up_to_6)
+            patch.setattr(module, "SCHEMA_VERSION", 6)
+        old = store_from_url(store_url, clock=clock)
+        await old.open()
+        try:
+            assert await old.schema_version() == 6
+            for i in range(4):
+                await old.create_run(NewRun(f"r{i}", "wf", [], "k" if i < 2 else None,
+                                            clock.now()))
+            first = await old.claim("w", 30.0, 2)
+            assert [r.id for r in first] == ["r0", "r2"]
+            for run in first:
+                assert await old.finish(Fence(run.id, run.epoch), RunState.COMPLETED)
+        finally:
+            await old.aclose()
+    clock.advance(100.0)
+    new = store_from_url(store_url, clock=clock)
+    await new.open()
+    try:
+        assert await new.schema_version() == 7
+        assert (await new.count_runs())[RunState.COMPLETED] == 2
+        assert (await new.latest_run("wf", "k")).id == "r1"  # type: ignore[union-attr]
+        claimed = await new.claim("w", 30.0, 10)
+        assert [r.id for r in claimed] == ["r1", "r3"]
+        assert min(r.epoch for r in claimed) > max(r.epoch for r in first)
+        pruned: list[str] = []
+        assert await prune(new, 50.0, seen=lambda p: pruned.append(p.id)) == 2
+        assert sorted(pruned) == ["r0", "r2"]
+    finally:
+        await new.aclose()
