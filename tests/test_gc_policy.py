@@ -45,9 +45,14 @@ def full_collections_during_a_burst() -> int:
             seen.append(1)
 
     gc.collect()
+    # enough survivors that CPython's rule (those since the last full collection above a
+    # quarter of the process's) lets a full collection run, few enough that they make fewer
+    # than FULL_EVERY collections of generation 1 (one per ~7,000 net allocations)
+    count = max(280_000, len(gc.get_objects()) // 4 + 100_000)
+    assert count < 7_000 * _gc.FULL_EVERY * 0.9, "a process this large: the test cannot tell"
     gc.callbacks.append(callback)
-    try:  # each survivor counts as one net allocation; ~40 collections of generation 1
-        alive = [[] for _ in range(max(280_000, len(gc.get_objects())))]
+    try:
+        alive = [[] for _ in range(count)]
     finally:
         gc.callbacks.remove(callback)
     del alive
