@@ -73,8 +73,8 @@ class Lease:
         ``lazy``: for work that waits only where it calls :func:`arm_bound` first (a
         :func:`lazily_bounded` store method). The deadline is checked on entry and set on
         the scope only when the work is about to wait: a write that commits in the event
-        loop's thread without waiting costs no timer (docs/design.md, "One commit per
-        step")."""
+        loop's thread without waiting costs no timer (docs/design.md, "Attempts under
+        faults")."""
         now = anyio.current_time()
         deadline = min(now + timeout, self.deadline)
         if lazy:
