@@ -38,6 +38,10 @@ phase, so other sessions' writes to the same server count too: compare on a quie
 Each phase runs ``--repeat`` times (default 3, fresh runs each time on the same file); the
 median is printed. The indexes of ``durable_runs`` are listed with the figures.
 
+``--make-db PATH`` only creates a store at PATH with the ``--history`` (the schema, then the
+finished runs) and exits: ``scripts/bench.py --db PATH`` then runs the engine's benchmark on
+a store with history (a fresh copy of the file for each run of it).
+
 Run: ``PYTHONPATH=. python scripts/bench_state_change.py`` (about half a minute);
 ``--history 1000 --runs 100 --repeat 1`` takes a second. Figures: docs/benchmarks.md
 (issue 10, target 5).
@@ -323,7 +327,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pg-url", help="also measure PostgreSQL, in a fresh schema here")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--make-db", metavar="PATH",
+                        help="only create a store at PATH with the --history, and exit")
     args = parser.parse_args()
+    if args.make_db:
+        made = Path(args.make_db)
+        if made.exists():
+            parser.error(f"{made} exists")
+        anyio.run(make_schema, made)
+        seed_history(made, args.history)
+        print(f"{made}: a store with {args.history:,} finished runs")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.db"
         anyio.run(make_schema, path)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 from .conftest import ROOT, subprocess_env
 
@@ -27,3 +29,14 @@ def test_the_state_change_benchmark_prints_every_figure() -> None:
     # every claim and finish wrote something to the WAL; the schema is this checkout's
     assert report["median"]["claim_frames"] >= 1 and report["median"]["finish_frames"] >= 1
     assert report["durable"] == str(ROOT)
+
+
+def test_the_state_change_benchmark_makes_a_store_with_history(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--history", "300", "--make-db",
+                           str(path)], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM durable_runs").fetchone() == (300,)
+
