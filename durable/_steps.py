@@ -149,6 +149,21 @@ def check_journalable(value: Any, what: str) -> None:
     dumps(value, what)
 
 
+def encoded_once(value: Any, data: dict[str, JSON], what: str) -> str | None:
+    """The journal text of an entry's ``data`` that holds ``value`` (a result), or None
+    when it is left to the store to encode: a scalar is checked by its type alone. Any
+    other value is checked by encoding the entry itself, once, and the store writes that
+    text (JournalWrite.encoded) instead of encoding the value a second time. Raises
+    :class:`NotJsonError` naming ``what`` if ``value`` cannot be journaled."""
+    if type(value) in _SCALARS:
+        return None
+    try:
+        return dumps(data, what)
+    except NotJsonError:
+        dumps(value, what)  # the value's fault: raise naming it
+        return None  # another field's: the store refuses it as before
+
+
 async def _invoke(act: AnyActivity, ctx: ActivityContext, args: tuple[Any, ...]) -> Any:
     """One try of an activity: its function under its timeout."""
     if act.timeout is None:
@@ -608,8 +623,11 @@ class Steps:
                 log.warning("step_failed", **{"try": number}, error=message)
                 raise self._failure(view, act, view.tries_used, message,
                                     type(exc).__name__) from exc
+            outcome: dict[str, JSON] = {"result": result, "summary": ctx.summary,
+                                        "ended_at": attempt.store.clock.now()}
             try:
-                check_journalable(result, f"the result of activity {act.name}")
+                encoded = encoded_once(result, outcome,
+                                       f"the result of activity {act.name}")
             except NotJsonError as exc:
                 # a programming error, and the step's effect happened: never run it again
                 message = (f"its result cannot be journaled ({type(result).__name__} "
@@ -620,8 +638,7 @@ class Steps:
                 raise self._failure(view, act, view.tries_used, message,
                                     "NotJsonError") from exc
             done = JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key, act.name,
-                                number, {"result": result, "summary": ctx.summary,
-                                         "ended_at": attempt.store.clock.now()})
+                                number, outcome, encoded=encoded)
             if act.on_doubt == "retry":
                 # idempotent: its completion commits with the next journal write (one commit
                 # instead of two); a crash in between only makes the step run again

@@ -215,6 +215,18 @@ class JournalWrite:
     try_number: int | None = None
     data: Mapping[str, JSON] | None = None
     attempt: int | None = attrs.field(default=None, kw_only=True)
+    encoded: str | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
+    """``data`` as journal text, when whoever made the entry encoded it already (to check
+    a result): the store writes it as is (:meth:`data_json`)."""
+
+    def data_json(self) -> str | None:
+        """The journal text of ``data`` (None: no data)."""
+        if self.encoded is not None:
+            return self.encoded
+        data = self.data
+        if data is None:
+            return None
+        return dumps(data if type(data) is dict else dict(data), "journal data")
 
     @property
     def attempt_column(self) -> int | None:

@@ -118,6 +118,41 @@ async def test_a_result_that_cannot_be_journaled_fails_the_step_without_a_retry(
     assert failed.data["error_type"] == "NotJsonError"
 
 
+async def test_a_result_is_encoded_once_on_its_way_to_the_journal(
+        client: durable.Client, registry: durable.Registry,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's non-scalar result is checked by encoding its completion entry, and the
+    store writes that text: the result is encoded once, not once to check it and again to
+    store it. A result that cannot be journaled is still named (the test above)."""
+    result = {"items": [1, 2, 3], "name": "x"}
+    seen: list[object] = []
+    encode = durable._types._ENCODE
+
+    def counting(value: object) -> str:
+        if value is result or (isinstance(value, dict) and value.get("result") is result):
+            seen.append(value)
+        return encode(value)
+
+    monkeypatch.setattr(durable._types, "_ENCODE", counting)
+
+    @durable.activity("lists", registry=registry, on_doubt="fail")
+    async def lists(ctx: durable.ActivityContext) -> dict[str, Any]:
+        return result
+
+    @durable.workflow("listing", registry=registry)
+    async def listing(ctx: durable.WorkflowContext) -> None:
+        await lists(ctx)
+
+    async with running_worker(client, registry):
+        await client.start("listing", id="once")
+        done = await client.wait("once")
+    assert done.state is RunState.COMPLETED, done.error
+    [completed] = [e for e in await client.journal("once")
+                   if e.kind is EntryKind.STEP_COMPLETED]
+    assert completed.data["result"] == result
+    assert len(seen) == 1
+
+
 async def test_to_thread_work_is_abandoned_at_the_step_timeout(
         client: durable.Client, registry: durable.Registry) -> None:
     release = threading.Event()

@@ -1116,8 +1116,7 @@ def _entry_arrays(entries: Sequence[JournalWrite]) -> dict[str, list[Any]]:
         "step_keys": [e.step_key for e in entries],
         "names": [e.name for e in entries],
         "attempts": [e.attempt_column for e in entries],
-        "datas": [None if e.data is None else dumps(dict(e.data), "journal data")
-                  for e in entries],
+        "datas": [e.data_json() for e in entries],
     }
 
 

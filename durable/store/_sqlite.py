@@ -78,18 +78,16 @@ for _name in ("claim", "claim_run", "claimable"):
 
 
 def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:
-    data = entry.data
     return {
         "run_id": fence.run_id,
         "epoch": fence.epoch,
-        "kind": entry.kind.value,
+        "kind": entry.kind._value_,
         "step": entry.step,
         "step_key": entry.step_key,
         "name": entry.name,
         "attempt": entry.attempt_column,
         "now": now,
-        "data": None if data is None else dumps(
-            data if type(data) is dict else dict(data), "journal data"),
+        "data": entry.data_json(),
     }
 
 
