@@ -13,7 +13,9 @@ times; the median of each is reported:
   entry, one after the other, on one claimed run: what one fenced write costs alone.
 - **baseline**: the same number of plain autocommit ``INSERT`` statements, one per ``await``,
   on one async psycopg connection to the same server (a table of ``id bigserial, data
-  text``): one round trip and one commit, the floor under any fenced write.
+  text``): one round trip and one commit, the floor under any fenced write. The appends
+  (both modes) and the INSERTs are timed in alternating blocks of 100 (``BLOCK``), so a
+  change of load during the measurement falls on all of them alike.
 
 Targets (issue 10, target 7): concurrent with group commit at least 4x without it; the
 sequential fenced append at least 80 % of the plain INSERT rate. The figures are ratios
@@ -98,31 +100,86 @@ def server_cpu() -> float | None:
     return total / tick if found else None
 
 
-async def plain_inserts(pg: bench.PgServer, n: int) -> float:
-    """INSERTs/s: one autocommit INSERT per await on one async psycopg connection."""
-    return await bench.psycopg_commits(pg, n)
+BLOCK = 100
+"""Sequential appends and plain INSERTs are timed in alternating blocks of this many, so a
+change of the machine's load during the measurement falls on all three alike."""
 
 
-async def fenced_appends(url: str, n: int) -> float:
-    """Fenced appends/s: one entry per ``store.append``, one after the other."""
-    store = durable.store_from_url(url)
-    await store.open()
-    try:
-        client = durable.Client(store, registry=bench.REGISTRY)
-        run_id = f"append-{uuid.uuid4().hex[:8]}"
-        await client.start(bench.steps_workflow, 1, False, id=run_id)
-        claimed = await store.claim("bench", 600.0, 1, run_id=run_id)
-        fence = Fence(claimed[0].id, claimed[0].epoch)
-        entry = [JournalWrite(EntryKind.VALUE, data={"x": bench.PAYLOAD})]
-        for _ in range(10):  # warm up (psycopg prepares a statement after 5 uses)
-            assert await store.append(fence, entry)
+class PlainInserts:
+    """One autocommit INSERT per await on one async psycopg connection (a table of ``id
+    bigserial, data text``, ``bench.psycopg_commits``)."""
+
+    def __init__(self, pg: bench.PgServer) -> None:
+        self.pg = pg
+
+    async def __aenter__(self) -> PlainInserts:
+        import psycopg
+        from psycopg import sql
+
+        schema = self.pg.new_schema()
+        table = sql.Identifier(schema, "t")
+        self.conn = await psycopg.AsyncConnection.connect(self.pg.url, autocommit=True)
+        await self.conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        await self.conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, "
+                                        "data text NOT NULL)").format(table))
+        self.insert = sql.SQL("INSERT INTO {} (data) VALUES (%s)").format(table)
+        await self.block(10)  # warm up (psycopg prepares a statement after 5 uses)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.conn.close()
+
+    async def block(self, n: int) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
-            if not await store.append(fence, entry):
+            await self.conn.execute(self.insert, (bench.PAYLOAD,))
+        return time.perf_counter() - t0
+
+
+class FencedAppends:
+    """One entry per ``store.append``, one after the other, on one claimed run."""
+
+    def __init__(self, url: str) -> None:
+        self.store = durable.store_from_url(url)
+
+    async def __aenter__(self) -> FencedAppends:
+        await self.store.open()
+        client = durable.Client(self.store, registry=bench.REGISTRY)
+        run_id = f"append-{uuid.uuid4().hex[:8]}"
+        await client.start(bench.steps_workflow, 1, False, id=run_id)
+        claimed = await self.store.claim("bench", 600.0, 1, run_id=run_id)
+        self.fence = Fence(claimed[0].id, claimed[0].epoch)
+        self.entry = [JournalWrite(EntryKind.VALUE, data={"x": bench.PAYLOAD})]
+        await self.block(10)  # warm up (psycopg prepares a statement after 5 uses)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.store.aclose()
+
+    async def block(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if not await self.store.append(self.fence, self.entry):
                 raise SystemExit("a fenced append was refused")
-        return bench.rate(n, time.perf_counter() - t0)
-    finally:
-        await store.aclose()
+        return time.perf_counter() - t0
+
+
+async def sequential_appends(pg: bench.PgServer, n: int) -> dict[str, float]:
+    """Per second: plain INSERTs, fenced appends with group commit and without, ``n`` of
+    each, timed in alternating blocks of BLOCK."""
+    async with PlainInserts(pg) as plain, \
+            FencedAppends(with_option(pg.new_url(), "")) as on, \
+            FencedAppends(with_option(pg.new_url(), "group_commit=0&")) as off:
+        kinds: dict[str, PlainInserts | FencedAppends] = {"plain": plain, "on": on,
+                                                          "off": off}
+        seconds = dict.fromkeys(kinds, 0.0)
+        done = 0
+        while done < n:
+            size = min(BLOCK, n - done)
+            for name, kind in kinds.items():
+                seconds[name] += await kind.block(size)
+            done += size
+        return {name: bench.rate(n, spent) for name, spent in seconds.items()}
 
 
 def with_option(url: str, option: str) -> str:
@@ -183,10 +240,8 @@ async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any
             sequential[mode].append(await bench.run_engine(
                 with_option(pg.new_url(), option), args.sequential, concurrency=1,
                 start_at_once=False, label=f"pg-seq-{mode}{i}"))
-        appends["plain"].append(await plain_inserts(pg, args.appends))
-        for mode, option in MODES:
-            url = with_option(pg.new_url(), option)
-            appends[mode].append(await fenced_appends(url, args.appends))
+        for name, value in (await sequential_appends(pg, args.appends)).items():
+            appends[name].append(value)
         print(f"bench_pg: appends #{i + 1}: plain {appends['plain'][-1]:,.0f}/s, fenced "
               f"{appends['on'][-1]:,.0f}/s (group commit on), {appends['off'][-1]:,.0f}/s "
               "(off)", file=sys.stderr)

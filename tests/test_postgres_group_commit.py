@@ -303,3 +303,34 @@ async def test_entries_travel_exactly_in_a_batch_and_alone(
         assert [(e.step, e.step_key, e.name, e.try_number, e.data) for e in written] == [
             (e.step, e.step_key, e.name, e.try_number, e.data)
             for e in (entries * 2 if f == first else entries)]
+
+
+@pytest.mark.parametrize("entries", [1, 2], ids=["one-entry", "two-entries"])
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "alone"])
+async def test_an_append_behind_a_recovery_of_its_run_is_refused(
+        pg_url: str, pg_store: PostgresStore, entries: int, grouped: bool) -> None:
+    """The row lock of the fence (docs/postgres.md, *Why the row lock stays*): an append
+    whose run a recovery has requeued, uncommitted, when the append's statement starts waits
+    for the recovery, then sees the row's newest version and writes nothing. Without the
+    lock, the statement's snapshot still shows the run running under the append's epoch,
+    and the entry lands behind the recovery (the next attempt's) back."""
+    pg_store.group_commit = grouped
+    (f,) = await claimed(pg_store, 1)
+    recovery = await locker(pg_url, f.run_id)
+    outcome: list[bool] = []
+    try:
+        await recovery.execute(  # what recover_stale does to a run, not committed yet
+            "UPDATE durable_runs SET state = 'queued', worker = NULL, lease_expires_at = NULL,"
+            " recoveries = recoveries + 1 WHERE id = %s", (f.run_id,))
+        async with anyio.create_task_group() as tg:
+            async def append() -> None:
+                outcome.append(await pg_store.append(f, [VALUE] * entries))
+
+            tg.start_soon(append)
+            await poll(lambda: blocked_by(pg_url, recovery))  # the append waits for it
+            assert not outcome
+            await recovery.commit()
+    finally:
+        await recovery.close()
+    assert outcome == [False]
+    assert await journal_kinds(pg_store, f.run_id) == ["run_created", "run_claimed"]

@@ -105,13 +105,16 @@ Q = {name: _binary_arrays(query.replace("%(now)s", SERVER_NOW))
      for name, query in load_queries("postgres").items()}
 
 _BINARY_ARRAY = re.compile(r"%\((\w+)\)b(::[a-z ]+)\[\]")
-Q_ONE_ENTRY = {name: _BINARY_ARRAY.sub(r"ARRAY[%(\1)s\2]", Q[name])
-               for name in ("append_entries", "finish_run")}
-"""A lone append or finish of one journal entry (the usual: a step's entry, a run's end):
-the same statement with each entry array built on the server from one scalar parameter,
-``ARRAY[%(kinds)s::text]``. Dumping six one-element arrays cost more client CPU than the
-rest of the call (a sequential fenced append used 225 us of CPU against a plain INSERT's
-143 us on a loaded machine; with scalars, 147 us: docs/postgres.md, *Group commit*)."""
+Q_ONE_ENTRY = {"append_entries": Q["append_entry"],
+               "finish_run": _BINARY_ARRAY.sub(r"ARRAY[%(\1)s\2]", Q["finish_run"])}
+"""A lone append or finish of one journal entry (the usual: a step's entry, a run's end),
+with scalar parameters. Dumping six one-element arrays cost more client CPU than the rest
+of the call (a sequential fenced append used 225 us of CPU against a plain INSERT's 143 us
+on a loaded machine; with scalars, 147 us: docs/postgres.md, *Group commit*). The append is
+its own statement (append_entry: one INSERT from the locked row, without append_entries'
+CTE and unnest, which cost the server more than the rest of the insert); the finish is
+finish_run with each entry array built on the server from one scalar,
+``ARRAY[%(kinds)s::text]``."""
 
 CHANNEL = "durable_work"
 """The NOTIFY channel; the payload is the schema of the store that has work."""
@@ -341,6 +344,18 @@ class PostgresStore(Store):
         pool = self._pool
         if pool is None:
             raise StoreError("the store is not open")
+        conn = await self._checkout(pool)
+        try:
+            async with conn:
+                yield conn
+        except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+            raise self._translate(exc) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pool.putconn(conn)
+
+    async def _checkout(self, pool: AsyncConnectionPool[Conn]) -> Conn:
+        """A live pooled connection (see _connection), to be put back by the caller."""
         try:
             conn = await pool.getconn()
             for _ in range(self.pool_size):
@@ -355,14 +370,7 @@ class PostgresStore(Store):
             raise NotSentError(str(self._translate(exc))) from exc
         except (psycopg.Error, PoolClosed) as exc:
             raise self._translate(exc) from exc
-        try:
-            async with conn:
-                yield conn
-        except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
-            raise self._translate(exc) from exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                await pool.putconn(conn)
+        return conn
 
     async def _rows(self, query: str, params: Mapping[str, Any]) -> list[DictRow]:
         async with self._connection() as conn:
@@ -542,7 +550,7 @@ class PostgresStore(Store):
     async def append(self, fence: Fence, entries: Sequence[JournalWrite]) -> bool:
         if not entries:
             return True
-        write = _Write(fence, _entry_arrays(entries))
+        write = _Write(fence, _entry_rows(entries))
         if self.group_commit:
             return await self._grouped(write)
         async with self._connection() as conn:
@@ -557,7 +565,7 @@ class PostgresStore(Store):
         error: str | None = None,
         entries: Sequence[JournalWrite] = (),
     ) -> bool:
-        write = _Write(fence, _entry_arrays(entries),
+        write = _Write(fence, _entry_rows(entries),
                        (state.value, dumps(result, "workflow result"), error))
         if self.group_commit:
             return await self._grouped(write)
@@ -587,8 +595,9 @@ class PostgresStore(Store):
             with anyio.CancelScope(shield=True):  # the batch carries other callers' writes
                 await self._lead()
             return write.outcome()
+        wake = write.wake = anyio.Event()  # (the leader's own write needs none)
         try:
-            await write.wake.wait()
+            await wake.wait()
         except BaseException:
             if write.lead:  # the lead was handed to this caller: others wait for it
                 with anyio.CancelScope(shield=True):
@@ -618,10 +627,12 @@ class PostgresStore(Store):
             raise
         finally:
             for write in batch:
-                write.wake.set()
+                if write.wake is not None:
+                    write.wake.set()
             if self._pending:
                 head = self._pending[0]
                 head.lead = True
+                assert head.wake is not None  # a queued write waits on it
                 head.wake.set()
             else:
                 self._leading = False
@@ -631,11 +642,23 @@ class PostgresStore(Store):
         self.batched_writes += len(batch)
         appends = [w for w in batch if w.finish is None]
         finishes = [w for w in batch if w.finish is not None]
+        pool = self._pool
         try:
-            async with self._connection() as conn:
+            if pool is None:
+                raise StoreError("the store is not open")
+            # The pooled connection without _connection's context managers (a lone write's
+            # client CPU, docs/postgres.md, *Group commit*): _lead runs shielded, and an
+            # autocommit connection has no transaction to end (the pool rolls back one
+            # left open, and discards a broken connection).
+            conn = await self._checkout(pool)
+            try:
                 for group in (appends, finishes):
                     if group:
                         await self._send(conn, group)
+            except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+                raise self._translate(exc) from exc
+            finally:
+                await pool.putconn(conn)
         except StoreError as exc:
             # NotSentError: no connection could be had (nothing was sent). Any other: the
             # connection broke with a statement sent, whose outcome is unknown.
@@ -680,10 +703,10 @@ class PostgresStore(Store):
             "schema": self.schema,
             "job_run_ids": [w.fence.run_id for w in group],
             "job_epochs": [w.fence.epoch for w in group],
-            "entry_jobs": [job for job, w in enumerate(group, 1) for _ in w.arrays["kinds"]],
+            "entry_jobs": [job for job, w in enumerate(group, 1) for _ in w.rows],
         }
-        for name in _ENTRY_COLUMNS:
-            params[name] = [value for w in group for value in w.arrays[name]]
+        for column, name in enumerate(_ENTRY_COLUMNS):
+            params[name] = [row[column] for w in group for row in w.rows]
         if group[0].finish is None:
             return Q["append_batch"], params
         params["job_states"] = [w.finish[0] for w in group if w.finish]
@@ -693,11 +716,17 @@ class PostgresStore(Store):
 
     async def _one(self, conn: Conn, write: _Write) -> bool:
         """One fenced append or finish, as its own statement."""
-        entries = len(write.arrays["kinds"])
-        queries = Q_ONE_ENTRY if entries == 1 else Q
-        params = _fence_params(write.fence, self._now()) | (
-            {name: values[0] for name, values in write.arrays.items()} if entries == 1
-            else write.arrays)
+        fence, rows = write.fence, write.rows
+        entries = len(rows)
+        params: dict[str, Any]
+        if entries == 1:
+            queries = Q_ONE_ENTRY
+            params = dict(zip(_ENTRY_COLUMNS, rows[0], strict=True))
+        else:
+            queries = Q
+            params = {name: [row[column] for row in rows]
+                      for column, name in enumerate(_ENTRY_COLUMNS)}
+        params.update(run_id=fence.run_id, epoch=fence.epoch, now=self._now())
         if write.finish is None:
             cur = await conn.execute(queries["append_entries"], params)
             return cur.rowcount == entries
@@ -1049,18 +1078,18 @@ class _Fenced(Exception):
 class _Write:
     """A fenced append (``finish`` None) or finish waiting for group commit."""
 
-    __slots__ = ("arrays", "error", "fence", "finish", "lead", "ok", "sent", "wake")
+    __slots__ = ("error", "fence", "finish", "lead", "ok", "rows", "sent", "wake")
 
-    def __init__(self, fence: Fence, arrays: dict[str, list[Any]],
+    def __init__(self, fence: Fence, rows: list[_EntryRow],
                  finish: tuple[str, str | None, str | None] | None = None) -> None:
         self.fence = fence
-        self.arrays = arrays
+        self.rows = rows  # the entries, as the journal's columns (_ENTRY_COLUMNS)
         self.finish = finish  # (state, result JSON, error)
         self.ok: bool | None = None
         self.error: BaseException | None = None
         self.sent = False  # taken into a batch
         self.lead = False  # the lead of the next batch was handed to its caller
-        self.wake = anyio.Event()
+        self.wake: anyio.Event | None = None  # set when the caller waits for a batch
 
     def outcome(self) -> bool:
         if self.error is not None:
@@ -1106,6 +1135,16 @@ def _group_commit_option(url: str) -> tuple[str, bool]:
 
 def _fence_params(fence: Fence, now: float | None) -> dict[str, Any]:
     return {"run_id": fence.run_id, "epoch": fence.epoch, "now": now}
+
+
+_EntryRow = tuple[str, int | None, str | None, str | None, int | None, str | None]
+
+
+def _entry_rows(entries: Sequence[JournalWrite]) -> list[_EntryRow]:
+    """Journal entries as rows of the columns the queries take (_ENTRY_COLUMNS), in order."""
+    return [(e.kind.value, e.step, e.step_key, e.name, e.attempt_column,
+             None if e.data is None else dumps(dict(e.data), "journal data"))
+            for e in entries]
 
 
 def _entry_arrays(entries: Sequence[JournalWrite]) -> dict[str, list[Any]]:

@@ -167,6 +167,21 @@ CROSS JOIN unnest(%(kinds)s::text[], %(steps)s::integer[], %(step_keys)s::text[]
      WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
 ORDER BY e.ord;
 
+-- name: append_entry
+-- A lone append of one entry (the usual: a step's entry): append_entries with scalars, as
+-- one INSERT of a row selected from the locked run (no CTE, no unnest). The same fence and
+-- the same row lock: FOR NO KEY UPDATE waits for a concurrent recovery or claim of the run
+-- and re-checks the WHERE clause on the row's newest version, so a write behind a
+-- recovery is refused (docs/postgres.md, *Why the row lock stays*). Less server work than
+-- the CTE and unnest form (docs/postgres.md, *Group commit*).
+INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+SELECT id, epoch, %(kinds)s::text, %(steps)s::integer, %(step_keys)s::text, %(names)s::text,
+       %(attempts)s::integer, %(now)s, %(datas)s::text
+FROM durable_runs
+WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
+  AND lease_expires_at > %(now)s
+FOR NO KEY UPDATE;
+
 -- name: append_batch
 -- Group commit: the appends of many attempts in one statement (one round trip, one commit).
 -- Each job is fenced on its own: job_run_ids and job_epochs are the jobs' fences (job j is
