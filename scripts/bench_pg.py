@@ -22,6 +22,12 @@ sequential fenced append at least 80 % of the plain INSERT rate. The figures are
 within the run: the machine is shared. An unreachable server prints one line and exits 0
 (``--require-postgres``: exit 2). ``--quick``: a few seconds, for the test.
 
+``--statements``: instead, where a fenced append's time goes against the plain INSERT: the
+store's statements and variants of them, each sent by plain psycopg on one dedicated
+connection to a claimed run of a fresh store schema, timed in alternating blocks (rate,
+share of the plain INSERT, client CPU per statement), and their server side from ``EXPLAIN
+(ANALYZE, BUFFERS, WAL)`` (the fastest of 20: execution time, WAL records and bytes).
+
 Run: ``python scripts/bench_pg.py`` (``--json`` for machine-readable output).
 """
 
@@ -182,6 +188,114 @@ async def sequential_appends(pg: bench.PgServer, n: int) -> dict[str, float]:
         return {name: bench.rate(n, spent) for name, spent in seconds.items()}
 
 
+def statement_variants() -> dict[str, tuple[str, bool]]:
+    """``--statements``: name -> (SQL, whether it takes the append's parameters). Only
+    ``append_entry`` and ``append_entries`` are the store's; the others take one part away
+    to show what that part costs (never a way to write: they are not fenced alike)."""
+    from durable.store import _postgres
+
+    one = _postgres.Q_ONE_ENTRY["append_entries"]
+    return {
+        "plain INSERT (t: bigserial, text)": ("INSERT INTO t (data) VALUES (%(d)s)", False),
+        "journal INSERT, no fence": (
+            "INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, "
+            "attempt, at, data) VALUES (%(run_id)s, %(epoch)s, %(kinds)s, %(steps)s, "
+            "%(step_keys)s, %(names)s, %(attempts)s, extract(epoch from "
+            "statement_timestamp()), %(datas)s)", True),
+        "append_entry (the store's)": (one, True),
+        "  without the row lock": (one.replace("FOR NO KEY UPDATE", ""), True),
+        "  FOR SHARE": (one.replace("FOR NO KEY UPDATE", "FOR SHARE"), True),
+        "  into a journal with 1 index": (
+            one.replace("INTO durable_journal", "INTO journal_one_index"), True),
+        "append_entries, CTE + unnest (before)": (
+            _postgres._BINARY_ARRAY.sub(r"ARRAY[%(\1)s\2]",
+                                        _postgres.Q["append_entries"]), True),
+    }
+
+
+async def statements(pg: bench.PgServer, n: int, repeat: int) -> dict[str, Any]:
+    """``--statements``: see the module's docstring."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from durable.store import _postgres
+
+    url = pg.new_url()
+    schema = url.rpartition("schema=")[2]
+    async with FencedAppends(url) as appends:
+        entry = _postgres._entry_rows(appends.entry)[0]
+        params: dict[str, Any] = dict(zip(_postgres._ENTRY_COLUMNS, entry, strict=True))
+        params.update(run_id=appends.fence.run_id, epoch=appends.fence.epoch, now=None)
+        conn = await psycopg.AsyncConnection.connect(
+            pg.url, autocommit=True, row_factory=dict_row,
+            options=f"-c search_path={schema}")
+        try:
+            await conn.execute("CREATE TABLE t (id bigserial PRIMARY KEY, data text NOT NULL)")
+            await conn.execute("CREATE TABLE journal_one_index (LIKE durable_journal "
+                               "INCLUDING DEFAULTS INCLUDING IDENTITY)")
+            await conn.execute("CREATE INDEX ON journal_one_index (run_id, seq)")
+            variants = {name: (sql, params if fenced else {"d": bench.PAYLOAD})
+                        for name, (sql, fenced) in statement_variants().items()}
+            spent = {name: [0.0, 0.0] for name in variants}  # wall, CPU
+
+            async def block(sql: str, args: dict[str, Any], size: int) -> None:
+                for _ in range(size):
+                    cur = await conn.execute(sql, args)
+                    if cur.rowcount != 1:
+                        raise SystemExit(f"a statement wrote {cur.rowcount} rows: {sql}")
+
+            for sql, args in variants.values():  # warm up (prepared after 5 uses)
+                await block(sql, args, 10)
+            for _ in range(repeat):
+                done = 0
+                while done < n:
+                    size = min(BLOCK, n - done)
+                    for name, (sql, args) in variants.items():
+                        t0, cpu = time.perf_counter(), time.process_time()
+                        await block(sql, args, size)
+                        spent[name][0] += time.perf_counter() - t0
+                        spent[name][1] += time.process_time() - cpu
+                    done += size
+            plain = spent["plain INSERT (t: bigserial, text)"][0]
+            results: dict[str, Any] = {}
+            for name, (sql, args) in variants.items():
+                wall, cpu = spent[name]
+                best: tuple[float, list[str]] | None = None
+                for _ in range(20):
+                    cur = await conn.execute(
+                        "EXPLAIN (ANALYZE, BUFFERS, WAL, SUMMARY) " + sql, args)
+                    lines = [str(row["QUERY PLAN"]) for row in await cur.fetchall()]
+                    took = next(float(line.split()[2]) for line in lines
+                                if line.startswith("Execution Time"))
+                    if best is None or took < best[0]:
+                        best = (took, lines)
+                assert best is not None
+                wal = next(line.split()[1:] for line in best[1] if "WAL:" in line)
+                results[name] = {
+                    "per_s": bench.rate(n * repeat, wall),
+                    "share": plain / wall if wall else None,
+                    "client_cpu_us": 1e6 * cpu / (n * repeat),
+                    "execution_ms": best[0],
+                    "wal": " ".join(wal),
+                }
+            return results
+        finally:
+            await conn.close()
+
+
+def print_statements(report: dict[str, Any]) -> None:
+    print(f"durable PostgreSQL: a fenced append's statement against a plain INSERT, "
+          f"{report['appends']} x {report['repeat']} each in alternating blocks of {BLOCK}")
+    print(f"{report['cpus']} CPUs, load {report['load_before']} before / "
+          f"{report['load_after']} after, Python {report['python']}, PostgreSQL "
+          f"{report['server_version']}, psycopg {report['psycopg']}, commit {report['commit']}")
+    print()
+    print(f"{'':40}{'/s':>8}{'share':>7}{'client CPU':>12}{'server exec':>13}  WAL (EXPLAIN)")
+    for name, r in report["results"].items():
+        print(f"{name:40}{r['per_s']:>8,.0f}{r['share']:>7.0%}{r['client_cpu_us']:>9.0f} us"
+              f"{1000 * r['execution_ms']:>10.0f} us  {r['wal']}")
+
+
 def with_option(url: str, option: str) -> str:
     """The store URL with ``option`` before its ``schema=`` (bench.verify reads the schema
     from the URL's end)."""
@@ -326,6 +440,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="repetitions, alternating the modes (default 3, --quick 1)")
     parser.add_argument("--require-postgres", action="store_true",
                         help="exit 2 when the server is unreachable (default: skip, exit 0)")
+    parser.add_argument("--statements", action="store_true",
+                        help="instead: the fenced append's statement and variants of it "
+                        "against the plain INSERT, on one dedicated connection")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--quick", action="store_true", help="small numbers: a smoke run")
     args = parser.parse_args(argv)
@@ -359,7 +476,10 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()[0]
     try:
-        results = anyio.run(measure, args, pg, backend="asyncio")
+        if args.statements:
+            results = anyio.run(statements, pg, args.appends, args.repeat, backend="asyncio")
+        else:
+            results = anyio.run(measure, args, pg, backend="asyncio")
     finally:
         pg.close()
     report = {
@@ -379,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         print(json.dumps(report, indent=2, default=str))
+    elif args.statements:
+        print_statements(report)
     else:
         print_report(report)
     return 0

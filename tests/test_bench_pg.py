@@ -46,3 +46,22 @@ def test_the_group_commit_benchmark_measures_both_modes_and_the_baseline() -> No
         assert server is None or server >= 0
     for target in results["targets"].values():
         assert isinstance(target["met"], bool)
+
+
+def test_the_statement_probe_measures_every_variant_and_its_server_side() -> None:
+    command = [sys.executable, str(ROOT / "scripts" / "bench_pg.py"), "--statements",
+               "--quick", "--json"]
+    if os.environ.get("DURABLE_REQUIRE_POSTGRES"):
+        command.append("--require-postgres")
+    proc = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report: dict[str, Any] = json.loads(proc.stdout)
+    if report["skipped"]:
+        pytest.skip(report["skipped"])
+    results = report["results"]
+    assert "append_entry (the store's)" in results
+    assert results["plain INSERT (t: bigserial, text)"]["share"] == 1.0
+    for result in results.values():
+        assert result["per_s"] > 0 and result["client_cpu_us"] > 0
+        assert result["execution_ms"] >= 0 and result["wal"].startswith("records=")
