@@ -1142,8 +1142,7 @@ _EntryRow = tuple[str, int | None, str | None, str | None, int | None, str | Non
 
 def _entry_rows(entries: Sequence[JournalWrite]) -> list[_EntryRow]:
     """Journal entries as rows of the columns the queries take (_ENTRY_COLUMNS), in order."""
-    return [(e.kind.value, e.step, e.step_key, e.name, e.attempt_column,
-             None if e.data is None else dumps(dict(e.data), "journal data"))
+    return [(e.kind.value, e.step, e.step_key, e.name, e.attempt_column, e.data_json())
             for e in entries]
 
 
