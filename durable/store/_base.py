@@ -198,13 +198,15 @@ class Store(abc.ABC):
         watcher.start()
         return watcher.count
 
-    async def wait_for_work(self, timeout: float) -> None:
+    async def wait_for_work(self, timeout: float, worker: str | None = None) -> None:
         """Return when work may be waiting for this process's worker (a run queued, a cancel
         requested: something another process committed), or after ``timeout`` seconds.
 
         Changes since the previous return are kept: the first call returns at once, so a
         caller that claims after every return misses nothing. Meant for one waiting task
-        per store (the worker's). The default waits on :meth:`change_watcher`.
+        per store (the worker's). ``worker``: the waiting worker's id, for a store whose
+        signal says what changed (PostgreSQL skips the changes that worker's last claim
+        saw); the default waits on :meth:`change_watcher`, which says nothing of the kind.
         """
         watcher = self.change_watcher()
         if watcher is None:

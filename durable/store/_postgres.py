@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import anyio
+import attrs
 import psycopg
 import sniffio
 from anyio.lowlevel import checkpoint_if_cancelled
@@ -176,6 +177,14 @@ class PostgresStore(Store):
         self._done: _wake.Beacon | None = None
         self._done_at: dict[str, int] = {}  # run id -> the beacon generation of its NOTIFY
         self._done_reading = False
+        self._claim_seen: dict[str, Snapshot] = {}
+        """Worker id -> the snapshot of its last claim through this store (any run, its
+        workflows): a ``durable_work`` NOTIFY of a transaction that snapshot saw is no news
+        to that worker's :meth:`wait_for_work` (the claim saw what it queued)."""
+        self._claiming: dict[str, int] = {}
+        """Worker id -> its claims in flight: a NOTIFY that arrives meanwhile is judged
+        against the snapshot of the claim that is under way, once it returns."""
+        self._claimed = _wake.Beacon()
         # Group commit (_grouped), on unless the URL says ?group_commit=0 (or this is set
         # False before the store is used): the benchmark's baseline.
         self.group_commit = grouped
@@ -513,17 +522,32 @@ class PostgresStore(Store):
         params = {"worker": worker, "lease": lease, "limit": limit, "run_id": run_id,
                   "workflows": None if workflows is None else list(workflows),
                   "now": self._now(), "data": dumps({"worker": worker})}
-        async with self._connection() as conn:
-            try:
-                cur = await conn.execute(Q["claim"], params)
-            except psycopg.errors.UniqueViolation as exc:
-                if exc.diag.constraint_name != _UNIQUE_ONE_RUNNING:
-                    raise
-                # Another worker claimed a run of the same key at the same moment: this
-                # statement claimed nothing; the next poll tries again.
-                return []
-            rows = await cur.fetchall()
-        return [Run.from_row(r) for r in rows]
+        whole = run_id is None  # a claim of one given run says nothing about the others
+        if whole:
+            self._claiming[worker] = self._claiming.get(worker, 0) + 1
+        try:
+            async with self._connection() as conn:
+                try:
+                    cur = await conn.execute(Q["claim"], params)
+                except psycopg.errors.UniqueViolation as exc:
+                    if exc.diag.constraint_name != _UNIQUE_ONE_RUNNING:
+                        raise
+                    # Another worker claimed a run of the same key at the same moment:
+                    # this statement claimed nothing (and its snapshot counts for
+                    # nothing); the next poll tries again.
+                    return []
+                rows = await cur.fetchall()
+            if whole and rows:
+                self._claim_seen[worker] = Snapshot.parse(rows[0]["seen"])
+        finally:
+            if whole:
+                left = self._claiming[worker] - 1
+                if left:
+                    self._claiming[worker] = left
+                else:
+                    del self._claiming[worker]
+                self._claimed.fire()
+        return [Run.from_row(r) for r in rows if r["id"] is not None]
 
     async def renew(
         self,
@@ -936,7 +960,7 @@ class PostgresStore(Store):
             {"ids": list(run_ids)})
         return {str(r["id"]) for r in rows}
 
-    async def wait_for_work(self, timeout: float) -> None:
+    async def wait_for_work(self, timeout: float, worker: str | None = None) -> None:
         """Return when work may be waiting, or after ``timeout`` seconds at the latest.
 
         Work is a run queued (created, requeued, released, recovered), a cancel requested,
@@ -947,6 +971,11 @@ class PostgresStore(Store):
         Notifications that arrive while nobody waits are kept, and one return consumes
         all that are pending. Never raises for a lost connection: it waits out the timeout
         and subscribes again on the next call (plain polling meanwhile).
+
+        With ``worker``, a notification of work whose transaction the snapshot of that
+        worker's last claim (through this store) saw is skipped: that claim already
+        looked at what it queued. One that arrives while the worker claims is judged
+        against that claim's snapshot once it returns. A cancel requested always counts.
 
         Meant for one waiting task per store (the worker's); concurrent callers take turns.
         """
@@ -962,7 +991,7 @@ class PostgresStore(Store):
                         return
                 else:
                     try:
-                        await self._next_notification(listener, timeout)
+                        await self._next_notification(listener, timeout, worker)
                         return
                     except psycopg.Error:
                         self._listener = None
@@ -990,16 +1019,38 @@ class PostgresStore(Store):
         return conn
 
     async def _next_notification(
-        self, conn: psycopg.AsyncConnection[Any], timeout: float
+        self, conn: psycopg.AsyncConnection[Any], timeout: float, worker: str | None
     ) -> None:
-        async with aclosing(conn.notifies(timeout=timeout)) as notifies:
-            async for notify in notifies:
-                if notify.payload == self.schema:
-                    break
-        # Consume what else has already arrived: one wake-up covers it.
-        async with aclosing(conn.notifies(timeout=0)) as pending:
-            async for _ in pending:
-                pass
+        """Return after a notification of this schema that is news to ``worker`` (every
+        one without a worker), or after ``timeout`` seconds without one."""
+        while True:
+            news: list[int | None] = []  # the notifying transactions; None: a cancel
+            async with aclosing(conn.notifies(timeout=timeout)) as notifies:
+                async for notify in notifies:
+                    if self._work_payload(notify.payload, news):
+                        break
+            if not news:
+                return  # the timeout
+            # Consume what else has already arrived: one wake-up covers it.
+            async with aclosing(conn.notifies(timeout=0)) as pending:
+                async for notify in pending:
+                    self._work_payload(notify.payload, news)
+            if worker is None or None in news:
+                return
+            while worker in self._claiming:  # judged by the snapshot of the claim under way
+                await self._claimed.wait(self._claimed.generation)
+            seen = self._claim_seen.get(worker)
+            if seen is None or not all(seen.saw(txid) for txid in news if txid is not None):
+                return
+
+    def _work_payload(self, payload: str, news: list[int | None]) -> bool:
+        """Add the transaction a ``durable_work`` payload of this schema names to
+        ``news`` (None: a cancel, or a payload naming none); False: another schema's."""
+        schema, _, txid = payload.partition(" ")
+        if schema != self.schema:
+            return False
+        news.append(int(txid) if txid.isdigit() else None)
+        return True
 
     # -- schedules (durable/_schedules.py) ----------------------------------------------------
     async def put_schedule(self, spec: ScheduleSpec, *, origin: str,
@@ -1265,3 +1316,23 @@ def _redact(message: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         message = message.replace(secret, "***")
     return message
+
+
+@attrs.frozen
+class Snapshot:
+    """A PostgreSQL snapshot (``txid_current_snapshot()``): which transactions it saw."""
+
+    xmin: int
+    xmax: int
+    running: frozenset[int]
+
+    @classmethod
+    def parse(cls, text: str) -> Snapshot:
+        """From ``xmin:xmax:xip,...`` (the text form of ``txid_snapshot``)."""
+        xmin, xmax, xip = text.split(":")
+        return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x))
+
+    def saw(self, txid: int) -> bool:
+        """Whether a transaction that committed was visible to this snapshot: it ended
+        before the snapshot was taken (PostgreSQL's ``txid_visible_in_snapshot``)."""
+        return txid < self.xmin or (txid < self.xmax and txid not in self.running)

@@ -140,7 +140,12 @@ WITH candidates AS (
     INSERT INTO durable_journal (run_id, epoch, kind, attempt, at, data)
     SELECT id, epoch, 'run_claimed', attempt, %(now)s, %(data)s FROM claimed
 )
-SELECT * FROM claimed ORDER BY run_at, created_at, id;
+-- One row at least: the statement's snapshot (what it saw) in each row, with the claimed
+-- run's columns (NULL when it claimed nothing). A durable_work NOTIFY of a transaction this
+-- snapshot saw announced nothing this claim did not see (PostgresStore.wait_for_work).
+SELECT c.*, s.seen FROM (SELECT txid_current_snapshot()::text AS seen) AS s
+LEFT JOIN claimed AS c ON true
+ORDER BY c.run_at, c.created_at, c.id;
 
 -- name: renew
 UPDATE durable_runs AS d
