@@ -186,7 +186,7 @@ class Client:
                 f"{dumps(arg_list)} and {_key_text(key)}); choose another id"
             )
         if created:
-            _wake.hub(self.store).work()  # this process's workers claim it now
+            _wake.hub(self.store).work(run.id)  # this process's workers claim it now
             self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
         return run
 

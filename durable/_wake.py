@@ -72,7 +72,7 @@ class Beacon:
 
 
 class LocalWorker(Protocol):
-    def wake(self) -> None: ...
+    def wake(self, run_id: str | None = None) -> None: ...
 
     def cancel_local(self, run_id: str) -> None: ...
 
@@ -130,10 +130,12 @@ class Hub:
             self.settled.pop(run_id, None)
             self.ends.pop(run_id, None)
 
-    def work(self) -> None:
-        """A run became claimable here: wake the claim loops of this process's workers."""
+    def work(self, run_id: str | None = None) -> None:
+        """A run became claimable here (``run_id``: a run just created, else any number):
+        wake the claim loops of this process's workers (a worker that claimed that run
+        already, after a change signal, stays asleep)."""
         for worker in list(self.workers):
-            worker.wake()
+            worker.wake(run_id)
 
     def cancel(self, run_id: str) -> None:
         """An operator cancel committed: stop the attempt of this process holding it."""

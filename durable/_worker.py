@@ -35,6 +35,10 @@ their journal write, its commit and their request while the rest are still being
 (a claim of 1,000 started at once sent its first request after the 1,000th attempt had
 journaled its step)."""
 
+SETTLED = frozenset({"completed", "failed", "cancelled"})
+"""How an attempt may end (:meth:`durable._attempt.Attempt.execute`) without leaving a run
+to claim behind it, unless its run had a concurrency key (the key's next run is free now)."""
+
 BUSY_LOOK_GAP = 0.01
 """Seconds between two looks of a worker holding runs after change signals (a claim and a
 read of the held runs' cancel flags): its own commits are changes too (SQLite)."""
@@ -141,8 +145,10 @@ class Worker:
         they count against ``concurrency``; renewals and cancels skip them."""
         self._runs: TaskGroup | None = None
         self._more_queued = True
-        """Whether the last claim (or read) took all it could: more may be queued, so an
-        attempt's finish looks for a claim to ride on (else it commits at once)."""
+        """Whether the last claim (or read) took all it could (every slot is taken until an
+        attempt ends, and a wake meanwhile finds none free) or failed: more may be queued,
+        so an attempt's finish looks for a claim to ride on (else it commits at once), and
+        an attempt's end claims again."""
         self._http: httpx.AsyncBaseTransport | None = None
         """The attempts running here, by their fence: two attempts of one run (an older one
         still unwinding after it lost its lease, and the newer claim) are both counted, and
@@ -150,6 +156,13 @@ class Worker:
         self._stopping = False
         self._grace_scope: anyio.CancelScope | None = None
         self._wake = anyio.Event()
+        self._claiming = False
+        """Whether the claim loop is claiming (from its statement to the attempts started)."""
+        self._last_claimed: frozenset[str] = frozenset()
+        """The ids of the runs the last claim (or read) took."""
+        self._awaited: set[str] = set()
+        """Runs :meth:`wake` was told of while a claim was under way: claimed again for
+        after it unless it took them."""
         self._changed = anyio.Event()
         self.log = get_logger("durable.worker", worker=self.worker_id)
         self.interceptors = tuple(interceptors)
@@ -194,8 +207,17 @@ class Worker:
         self._changed.set()
         self._schedule_wake.set()
 
-    def wake(self) -> None:
-        """Look for work now rather than at the next poll."""
+    def wake(self, run_id: str | None = None) -> None:
+        """Look for work now rather than at the next poll. ``run_id``: the one run that
+        became claimable (a run just created): nothing to do when the last claim took it
+        already (a change signal came first), and when a claim is under way, a claim
+        after it only if that one did not take it."""
+        if run_id is not None:
+            if run_id in self._last_claimed:
+                return
+            if self._claiming:
+                self._awaited.add(run_id)
+                return
         self._wake.set()
 
     def wake_scheduler(self) -> None:
@@ -267,32 +289,39 @@ class Worker:
             if free > 0:
                 sent, sent_boot = anyio.current_time(), _clock.boottime()
                 workflows = sorted(self.registry.workflows)
+                self._claiming, took = True, frozenset[str]()
                 try:
-                    read = None if free > 1 else await self._read_claims(free, workflows)
-                    if read is not None:  # claims that ride on the attempts' first writes
-                        for claim in read:
-                            await claim.settle()
-                        failures = 0
-                        if len(read) == free:
-                            continue
-                    else:
-                        if self._chain is None or not self._chain.claim:
-                            claimed = await self.store.claim(
-                                self.worker_id, self.lease, free, workflows=workflows)
+                    try:
+                        read = None if free > 1 else await self._read_claims(free, workflows)
+                        if read is not None:  # claims that ride on the attempts' first writes
+                            took = frozenset(claim.read.id for claim in read)
+                            for claim in read:
+                                await claim.settle()
+                            failures = 0
+                            if len(read) == free:
+                                continue
                         else:
-                            claimed = await self._intercepted_claim(free)
-                        self._more_queued = len(claimed) >= free
-                        failures = 0
-                except StoreError as exc:
-                    failures += 1
-                    self.log.error("claim_failed", error=str(exc), failures=failures)
-                for i, run in enumerate(claimed):
-                    if i and i % SPAWN_WAVE == 0:
-                        # in waves: the attempts started so far run on to their first
-                        # wait before the next ones start (shielded: every claimed run
-                        # is started, as without the wave)
-                        await cancel_shielded_checkpoint()
-                    self._spawn(runs, run, sent, transport, sent_boot)
+                            if self._chain is None or not self._chain.claim:
+                                claimed = await self.store.claim(
+                                    self.worker_id, self.lease, free, workflows=workflows)
+                            else:
+                                claimed = await self._intercepted_claim(free)
+                            took = frozenset(run.id for run in claimed)
+                            self._more_queued = len(claimed) >= free
+                            failures = 0
+                    except StoreError as exc:
+                        failures += 1
+                        self._more_queued = True  # not known: the next attempt's end claims
+                        self.log.error("claim_failed", error=str(exc), failures=failures)
+                    for i, run in enumerate(claimed):
+                        if i and i % SPAWN_WAVE == 0:
+                            # in waves: the attempts started so far run on to their first
+                            # wait before the next ones start (shielded: every claimed run
+                            # is started, as without the wave)
+                            await cancel_shielded_checkpoint()
+                        self._spawn(runs, run, sent, transport, sent_boot)
+                finally:
+                    self._claimed(took)
                 if claimed and len(claimed) == free:
                     continue
             if self._stopping:
@@ -301,6 +330,15 @@ class Worker:
             with anyio.move_on_after(wait):
                 await self._wake.wait()
             self._wake = anyio.Event()
+
+    def _claimed(self, took: frozenset[str]) -> None:
+        """A claim ended, having taken the runs ``took``: the runs :meth:`wake` was told of
+        meanwhile that it did not take are claimed for next."""
+        self._claiming, self._last_claimed = False, took
+        if self._awaited:
+            if not self._awaited <= took:
+                self._wake.set()
+            self._awaited.clear()
 
     async def _intercepted_claim(self, free: int) -> list[Run]:
         assert self._chain is not None
@@ -402,9 +440,10 @@ class Worker:
         runs.start_soon(self._execute, attempt, name=f"durable run {run.id}")
 
     async def _execute(self, attempt: Attempt) -> None:
+        ended: str | None = None  # unknown (an interceptor's result, a crash): claim again
         try:
             if self._chain is None or not self._chain.attempt:
-                await attempt.execute()
+                ended = await attempt.execute()
             else:
                 await around(self._chain.attempt, attempt.info, attempt.execute)
         except Exception as exc:  # the engine's own failure: log it, the lease will lapse
@@ -415,7 +454,8 @@ class Worker:
             if self.pending.get(attempt.run.id) is attempt:
                 del self.pending[attempt.run.id]
             self._changed.set()
-            self._wake.set()
+            if self._claims_after(attempt, ended):
+                self._wake.set()
             if not attempt.unclaimed:
                 _wake.hub(self.store).end(attempt.run.id)  # this process's waiters, at once
         if attempt.unclaimed:
@@ -425,6 +465,16 @@ class Worker:
                 await self.store.notify_finished(attempt.run.id)
         except (StoreError, TimeoutError):
             pass  # they see it at their fallback poll
+
+    def _claims_after(self, attempt: Attempt, ended: str | None) -> bool:
+        """Whether the end of ``attempt`` (how it ``ended``) may leave a run to claim now:
+        the slot it frees when the last claim was limited (by the free slots, or the loop
+        was woken with none free), its run given back or released to wait (due at once
+        if its signal came meanwhile), the next run of its concurrency key. A run that
+        finished otherwise leaves nothing: claiming after it would find nothing, and
+        whatever else queued meanwhile woke the loop itself."""
+        return (self._more_queued or self._stopping or ended not in SETTLED
+                or attempt.run.key is not None)
 
     # -- leases --------------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
@@ -477,7 +527,7 @@ class Worker:
         looked = -BUSY_LOOK_GAP
         while True:
             try:
-                await self.store.wait_for_work(30.0)
+                await self.store.wait_for_work(30.0, self.worker_id)
             except StoreError as exc:
                 self.log.error("listen_failed", error=str(exc))
                 await anyio.sleep(self.poll_interval)

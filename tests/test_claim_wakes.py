@@ -1,0 +1,316 @@
+"""When a worker claims (issue 10, target 6): after an attempt ends only when that end may
+leave a run to claim, and, on PostgreSQL, not for a ``durable_work`` NOTIFY whose
+transaction its last claim already saw. Every poll here is 60 s long, and where the
+worker's own rule is tested the store's change signals are off, so each wake-up test
+passes only if that rule claimed (none asserts a time); the counting tests fail if the
+empty claims (one after each attempt, one on the run's own NOTIFY) come back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import durable
+from durable import RunState
+from durable.store import Store, store_from_url
+
+from .helpers import poll
+from .pg import pg_url, postgres_server
+
+__all__ = ["pg_url", "postgres_server"]  # fixtures
+
+pytestmark = pytest.mark.anyio
+
+LONG = 60.0
+BOUND = 20.0  # well below LONG: reaching it means a poll, not the rule, was needed
+
+pg_only = pytest.mark.parametrize(
+    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
+        reason="the PostgreSQL store runs on asyncio only"))])
+
+
+@asynccontextmanager
+async def opened(url: str, *, signals: bool = True) -> AsyncIterator[Store]:
+    store = store_from_url(url)
+    await store.open()
+    if not signals:  # only the worker's own rules (and the in-process hub) are left
+        store.pushes_changes = False  # type: ignore[misc]
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+@asynccontextmanager
+async def worker_on(store: Store, registry: durable.Registry,
+                    **options: Any) -> AsyncIterator[durable.Worker]:
+    worker = durable.Worker(store, registry=registry, poll_interval=LONG, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            worker.shutdown(grace=0)
+
+
+class Claims:
+    """Counts the claims made through a store object, and those that returned."""
+
+    def __init__(self, store: Store) -> None:
+        self.started = 0
+        self.returned = 0
+        self.empty = 0
+        claim = store.claim
+
+        async def counted(*args: Any, **kwargs: Any) -> list[durable.Run]:
+            self.started += 1
+            try:
+                runs = await claim(*args, **kwargs)
+            finally:
+                self.returned += 1
+            self.empty += not runs
+            return runs
+
+        store.claim = counted  # type: ignore[method-assign]
+
+
+class NoRides(durable.Interceptor):
+    """A pass-through write hook: with an interceptor the worker claims by the plain
+    statement (no claim riding on a finish, SQLite's shortcut), as on PostgreSQL."""
+
+    async def intercept_write(self, info: durable.WriteInfo,
+                              call_next: Callable[[], Awaitable[bool]]) -> bool:
+        return await call_next()
+
+
+def gated_flows(registry: durable.Registry, gate: list[anyio.Event]) -> None:
+    @durable.workflow("cw.gated", registry=registry)
+    async def gated(ctx: durable.WorkflowContext) -> str:
+        await gate[0].wait()
+        return "done"
+
+    @durable.workflow("cw.quick", registry=registry)
+    async def quick(ctx: durable.WorkflowContext) -> str:
+        return "quick"
+
+
+async def running(client: durable.Client, run_id: str) -> None:
+    await poll(lambda: _is(client, run_id, RunState.RUNNING))
+
+
+async def _is(client: durable.Client, run_id: str, state: RunState) -> bool:
+    return (await client.get(run_id)).state is state
+
+
+# -- the claim after an attempt ends ------------------------------------------------------------
+async def test_the_next_run_of_a_key_is_claimed_when_the_run_ahead_of_it_ends(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """The run ahead finishes: nothing else wakes the worker (no change signal, no
+    start), and the last claim found nothing (the key was taken), yet the key's next run
+    is claimed at once because the run that ended had a key."""
+    gate = [anyio.Event()]
+    gated_flows(registry, gate)
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}", signals=False) as store:
+        claims = Claims(store)
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry, concurrency=4):
+            with anyio.fail_after(BOUND):
+                await client.start("cw.gated", id="ahead", key="k")
+                await running(client, "ahead")
+                seen = claims.returned
+                await client.start("cw.quick", id="next", key="k")
+                await poll(lambda: claims.returned > seen)  # its claim found the key taken
+                assert (await client.get("next")).state is RunState.QUEUED
+                gate[0].set()
+                done = await client.wait("next", poll=LONG)
+            assert done.state is RunState.COMPLETED
+
+
+async def test_a_run_released_due_at_once_is_claimed_when_its_attempt_ends(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """A signal recorded between the wait's count and its release (sent on the store
+    directly: no in-process wake) makes the released run due at once; the attempt's end
+    claims it again (it was released, not finished)."""
+    @durable.workflow("cw.waits", registry=registry)
+    async def waits(ctx: durable.WorkflowContext) -> Any:
+        return await ctx.wait_for("go")
+
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}", signals=False) as store:
+        class SignalBeforeRelease(durable.Interceptor):
+            sent = 0
+
+            async def intercept_write(self, info: durable.WriteInfo,
+                                      call_next: Callable[[], Awaitable[bool]]) -> bool:
+                if info.kind == "release" and not self.sent:
+                    self.sent += 1
+                    await store.send_signal(info.run.id, "go", "went")
+                return await call_next()
+
+        hook = SignalBeforeRelease()
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry, durable_wait_threshold=0,
+                             interceptors=[hook]):
+            with anyio.fail_after(BOUND):
+                await client.start("cw.waits", id="w")
+                done = await client.wait("w", poll=LONG)
+        assert hook.sent == 1
+        assert done.state is RunState.COMPLETED and done.result == "went"
+        assert done.attempt == 2  # released once, claimed again
+
+
+async def test_a_run_queued_while_every_slot_was_taken_is_claimed_when_one_frees(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """Its start woke the worker while no slot was free; the slot's end claims it."""
+    gate = [anyio.Event()]
+    gated_flows(registry, gate)
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}", signals=False) as store:
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry, concurrency=1, interceptors=[NoRides()]):
+            with anyio.fail_after(BOUND):
+                await client.start("cw.gated", id="first")
+                await running(client, "first")
+                await client.start("cw.quick", id="queued")
+                assert (await client.get("queued")).state is RunState.QUEUED
+                gate[0].set()
+                done = await client.wait("queued", poll=LONG)
+            assert done.state is RunState.COMPLETED
+
+
+async def test_a_finished_run_without_a_key_claims_nothing_after_it(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """A chain of starts, each waited for (the in-process hub wakes the worker): one
+    claim per run, none after each attempt's end (it would find nothing)."""
+    gate = [anyio.Event()]
+    gate[0].set()
+    gated_flows(registry, gate)
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}", signals=False) as store:
+        claims = Claims(store)
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry):
+            with anyio.fail_after(BOUND):
+                await poll(lambda: claims.returned == 1)  # the worker's first look
+                for i in range(20):
+                    run = await client.start("cw.quick", id=f"q{i}")
+                    assert (await client.wait(run.id, poll=LONG)).state is RunState.COMPLETED
+        assert claims.started == 1 + 20, claims.started
+
+
+# -- PostgreSQL: a NOTIFY the last claim already saw ---------------------------------------------
+async def chain(client: durable.Client, prefix: str, n: int) -> None:
+    for i in range(n):
+        run = await client.start("cw.quick", id=f"{prefix}{i}")
+        assert (await client.wait(run.id, poll=LONG)).state is RunState.COMPLETED
+
+
+@pg_only
+async def test_postgres_a_chain_in_process_claims_once_per_run(
+        pg_url: str, registry: durable.Registry) -> None:
+    """Start, wait, start the next, with the worker in this process and NOTIFY on: the
+    in-process wake claims each run, and neither the run's own NOTIFY (which the claim's
+    snapshot saw, whichever came first) nor the attempt's end claims again."""
+    gated_flows(registry, [anyio.Event()])
+    async with opened(pg_url) as store:
+        claims = Claims(store)
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry):
+            with anyio.fail_after(BOUND):
+                await chain(client, "warm", 2)  # the listener's first subscription
+                before = claims.started
+                await chain(client, "c", 40)
+            made = claims.started - before
+        assert made <= 40 + 2, (made, claims.empty)
+
+
+@pg_only
+async def test_postgres_a_chain_from_another_store_claims_once_per_run(
+        pg_url: str, registry: durable.Registry) -> None:
+    """The client on another store object (as in another process): only the NOTIFY wakes
+    the worker, once per run, and the attempt's end claims nothing."""
+    gated_flows(registry, [anyio.Event()])
+    async with opened(pg_url) as mine, opened(pg_url) as theirs:
+        claims = Claims(theirs)
+        client = durable.Client(mine, registry=registry)
+        async with worker_on(theirs, registry):
+            with anyio.fail_after(BOUND):
+                await chain(client, "warm", 2)
+                before = claims.started
+                await chain(client, "x", 40)
+            made = claims.started - before
+        assert made <= 40 + 2, (made, claims.empty)
+
+
+@pg_only
+async def test_postgres_a_key_freed_on_another_store_wakes_the_worker_of_the_next_run(
+        pg_url: str, registry: durable.Registry) -> None:
+    """The run ahead of the key runs on another store's worker (which cannot run the next
+    run's workflow): its end's NOTIFY is news to this worker, whose last claim found the
+    key taken, so it claims the next run without waiting for its poll."""
+    gate = [anyio.Event()]
+    theirs_only, mine_only = durable.Registry(), durable.Registry()
+
+    @durable.workflow("cw.ahead", registry=theirs_only)
+    async def ahead(ctx: durable.WorkflowContext) -> str:
+        await gate[0].wait()
+        return "ahead"
+
+    @durable.workflow("cw.behind", registry=mine_only)
+    async def behind(ctx: durable.WorkflowContext) -> str:
+        return "behind"
+
+    async with opened(pg_url) as mine, opened(pg_url) as theirs:
+        claims = Claims(mine)
+        client = durable.Client(mine, registry=registry)
+        async with worker_on(theirs, theirs_only), worker_on(mine, mine_only):
+            with anyio.fail_after(BOUND):
+                await client.start("cw.ahead", id="ahead", key="k")
+                await running(client, "ahead")
+                seen = claims.returned
+                await client.start("cw.behind", id="behind", key="k")
+                await poll(lambda: claims.returned > seen)  # it found the key taken
+                assert (await client.get("behind")).state is RunState.QUEUED
+                gate[0].set()
+                done = await client.wait("behind", poll=LONG)
+            assert done.state is RunState.COMPLETED
+
+
+@pg_only
+async def test_postgres_a_snapshot_saw_only_the_transactions_committed_before_it(
+        pg_url: str) -> None:
+    """Snapshot.saw against the server: a transaction still open when the snapshot is
+    taken is not seen, nor one that began after it; one committed before it is."""
+    import psycopg
+
+    from durable.store._postgres import Snapshot
+
+    base = pg_url.split("?")[0]
+
+    async def snapshot(conn: psycopg.AsyncConnection[Any]) -> Snapshot:
+        cur = await conn.execute("SELECT txid_current_snapshot()::text")
+        row = await cur.fetchone()
+        assert row is not None
+        return Snapshot.parse(row[0])
+
+    async def txid(conn: psycopg.AsyncConnection[Any]) -> int:
+        cur = await conn.execute("SELECT txid_current()")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async with await psycopg.AsyncConnection.connect(base, autocommit=True) as looker, \
+            await psycopg.AsyncConnection.connect(base) as writer:
+        open_one = await txid(writer)  # a transaction, left open
+        during = await snapshot(looker)
+        await writer.commit()
+        after = await snapshot(looker)
+        later = await txid(writer)  # began after `after` was taken
+        await writer.commit()
+    assert not during.saw(open_one)
+    assert after.saw(open_one)
+    assert not after.saw(later)
+    assert Snapshot.parse("10:20:12,15").saw(11)
+    assert not any(Snapshot.parse("10:20:12,15").saw(t) for t in (12, 15, 20, 25))
