@@ -158,8 +158,6 @@ class Worker:
         self._wake = anyio.Event()
         self._claiming = False
         """Whether the claim loop is claiming (from its statement to the attempts started)."""
-        self._last_claimed: frozenset[str] = frozenset()
-        """The ids of the runs the last claim (or read) took."""
         self._awaited: set[str] = set()
         """Runs :meth:`wake` was told of while a claim was under way: claimed again for
         after it unless it took them."""
@@ -209,15 +207,11 @@ class Worker:
 
     def wake(self, run_id: str | None = None) -> None:
         """Look for work now rather than at the next poll. ``run_id``: the one run that
-        became claimable (a run just created): nothing to do when the last claim took it
-        already (a change signal came first), and when a claim is under way, a claim
-        after it only if that one did not take it."""
-        if run_id is not None:
-            if run_id in self._last_claimed:
-                return
-            if self._claiming:
-                self._awaited.add(run_id)
-                return
+        became claimable (a run just created): when a claim is under way (a change signal
+        came first), a claim after it only if that one did not take it."""
+        if run_id is not None and self._claiming:
+            self._awaited.add(run_id)
+            return
         self._wake.set()
 
     def wake_scheduler(self) -> None:
@@ -334,7 +328,7 @@ class Worker:
     def _claimed(self, took: frozenset[str]) -> None:
         """A claim ended, having taken the runs ``took``: the runs :meth:`wake` was told of
         meanwhile that it did not take are claimed for next."""
-        self._claiming, self._last_claimed = False, took
+        self._claiming = False
         if self._awaited:
             if not self._awaited <= took:
                 self._wake.set()
