@@ -310,8 +310,12 @@ def idle_cpu(url: str, seconds: float, out: Callable[[str], None]) -> None:
 
 
 async def pg_available(url: str) -> bool:
+    """Whether the server answers: a plain connection, not a store (opening a store on
+    ``url`` would create or migrate its default schema, which other checkouts share)."""
     try:
-        async with opened(url):
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(url, connect_timeout=3):
             return True
     except Exception:
         return False
