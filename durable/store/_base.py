@@ -39,7 +39,7 @@ from .._types import (
     SignalSent,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10

@@ -1,4 +1,4 @@
--- Schema version 7 (PostgreSQL): a durable_work NOTIFY names the transaction that made the
+-- Schema version 8 (PostgreSQL): a durable_work NOTIFY names the transaction that made the
 -- work (docs/postgres.md, *LISTEN/NOTIFY*). The payload is '<schema> <txid>' for a run
 -- queued, made due earlier or a keyed run ending: a worker whose last claim's snapshot
 -- already saw that transaction (it claimed what there was) does not claim again for it.
