@@ -21,6 +21,7 @@ from durable.store import Store, store_from_url
 
 from .helpers import poll
 from .pg import pg_url, postgres_server
+from .test_wake import worker_on
 
 __all__ = ["pg_url", "postgres_server"]  # fixtures
 
@@ -44,18 +45,6 @@ async def opened(url: str, *, signals: bool = True) -> AsyncIterator[Store]:
         yield store
     finally:
         await store.aclose()
-
-
-@asynccontextmanager
-async def worker_on(store: Store, registry: durable.Registry,
-                    **options: Any) -> AsyncIterator[durable.Worker]:
-    worker = durable.Worker(store, registry=registry, poll_interval=LONG, **options)
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        try:
-            yield worker
-        finally:
-            worker.shutdown(grace=0)
 
 
 class Claims:

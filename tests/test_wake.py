@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -43,7 +44,7 @@ async def opened(url: str) -> AsyncIterator[Store]:
 
 @asynccontextmanager
 async def worker_on(store: Store, registry: durable.Registry,
-                    **options: float) -> AsyncIterator[durable.Worker]:
+                    **options: Any) -> AsyncIterator[durable.Worker]:
     worker = durable.Worker(store, registry=registry, poll_interval=LONG, **options)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
