@@ -64,7 +64,8 @@ MODES = (("on", ""), ("off", "group_commit=0&"))
 
 class BatchCounter:
     """Counts the batch statements of every PostgreSQL store (private API: a benchmark may
-    peek) by wrapping ``PostgresStore._flush``."""
+    peek) by wrapping ``PostgresStore._flush`` and ``PostgresStore._alone`` (a write that
+    found no batch in flight: a batch of one)."""
 
     def __init__(self) -> None:
         from durable.store._postgres import PostgresStore
@@ -72,6 +73,7 @@ class BatchCounter:
         self.batches = 0
         self.writes = 0
         original = PostgresStore._flush
+        alone = PostgresStore._alone
         counter = self
 
         async def counting_flush(store: Any, batch: list[Any]) -> None:
@@ -79,7 +81,14 @@ class BatchCounter:
             counter.writes += len(batch)
             await original(store, batch)
 
+        async def counting_alone(store: Any, write: Any) -> bool:
+            if not store._leading:  # (else it joins the queue: counted by its batch)
+                counter.batches += 1
+                counter.writes += 1
+            return await alone(store, write)
+
         PostgresStore._flush = counting_flush  # type: ignore[method-assign]
+        PostgresStore._alone = counting_alone  # type: ignore[method-assign]
 
     def take(self) -> tuple[int, int]:
         counts = (self.batches, self.writes)

@@ -205,6 +205,77 @@ async def test_a_lone_writer_does_not_wait_for_company(pg_store: PostgresStore) 
     assert not await pg_store.append(only, [VALUE])  # finished: the fence is gone
 
 
+async def test_a_lone_write_cancelled_in_flight_still_commits_and_hands_the_lead_on(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    """A write that found nothing in flight goes alone (PostgresStore._alone), shielded
+    like any lead: its caller cancelled while the statement waits on the server still
+    gets its answer (and the pool its connection back), and the writes queued behind
+    it go in the next batch. Without the shield, psycopg cancels the statement."""
+    first, second, third = await claimed(pg_store, 3)
+    lone = anyio.CancelScope()
+    left = anyio.Event()
+    outcomes: dict[str, bool] = {}
+
+    async def cancelled_lead() -> None:
+        with lone:
+            outcomes[first.run_id] = await pg_store.append(first, [VALUE])
+        left.set()
+
+    async def append(f: Fence) -> None:
+        outcomes[f.run_id] = await pg_store.append(f, [VALUE])
+
+    lock = await locker(pg_url, first.run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancelled_lead)
+            await poll(lambda: pg_store.batches == 1)
+            await poll(lambda: blocked_by(pg_url, lock))  # sent: it waits on the row lock
+            tg.start_soon(append, second)
+            tg.start_soon(append, third)
+            await poll(lambda: len(pg_store._pending) == 2)
+            lone.cancel()
+            await lock.commit()
+            await left.wait()
+    finally:
+        await lock.close()
+    assert outcomes == {first.run_id: True, second.run_id: True, third.run_id: True}
+    assert (pg_store.batches, pg_store.batched_writes) == (2, 3)
+    for f in (first, second, third):
+        assert await journal_kinds(pg_store, f.run_id) == ["run_created", "run_claimed",
+                                                           "value"]
+    assert pg_store._pool is not None
+    assert pg_store._pool.get_stats()["pool_available"] == pg_store._pool.get_stats().get(
+        "pool_size")
+
+
+async def test_a_lone_write_whose_connection_dies_after_it_was_sent_is_unknown(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    (only,) = await claimed(pg_store, 1)
+    outcome: list[BaseException | bool] = []
+
+    async def append() -> None:
+        try:
+            outcome.append(await pg_store.append(only, [VALUE]))
+        except StoreError as exc:
+            outcome.append(exc)
+
+    lock = await locker(pg_url, only.run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            pids = await poll(lambda: blocked_by(pg_url, lock))
+            base, _ = split_url(pg_url)
+            async with await psycopg.AsyncConnection.connect(base, autocommit=True) as admin:
+                for pid in pids:
+                    await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    finally:
+        await lock.close()
+    [error] = outcome
+    assert isinstance(error, StoreUnavailableError) and not isinstance(error, NotSentError)
+    assert await journal_kinds(pg_store, only.run_id) == ["run_created", "run_claimed"]
+    assert await pg_store.append(only, [VALUE])  # the next write gets a fresh connection
+
+
 async def test_a_cancelled_caller_whose_write_is_still_queued_sends_nothing(
         pg_url: str, pg_store: PostgresStore) -> None:
     first, second = await claimed(pg_store, 2)

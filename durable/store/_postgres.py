@@ -117,6 +117,25 @@ CTE and unnest, which cost the server more than the rest of the insert); the fin
 finish_run with each entry array built on the server from one scalar,
 ``ARRAY[%(kinds)s::text]``."""
 
+_NAMED_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+def _positional(query: str, order: tuple[str, ...]) -> str:
+    """``query`` with its named parameters as positional ones (``%s``), which must come in
+    ``order``: psycopg then takes a tuple as it is, where a dict costs the caller a dict
+    and psycopg a reordering into a list on every call."""
+    found = tuple(_NAMED_PARAMETER.findall(query))
+    if found != order:
+        raise AssertionError(f"the query's parameters are {found}, not {order}")
+    return _NAMED_PARAMETER.sub("%s", query)
+
+
+LONE_APPEND = _positional(Q["append_entry"], (
+    "kinds", "steps", "step_keys", "names", "attempts", "now", "datas", "run_id", "epoch",
+    "now"))
+"""append_entry with positional parameters: a lone append of one entry is the hottest
+statement of a sequential run (_one builds its tuple in this order)."""
+
 CHANNEL = "durable_work"
 """The NOTIFY channel; the payload is the schema of the store that has work."""
 
@@ -576,6 +595,8 @@ class PostgresStore(Store):
             return True
         write = _Write(fence, _entry_rows(entries))
         if self.group_commit:
+            if not self._leading:  # nothing in flight: nothing to join, it goes alone
+                return await self._alone(write)
             return await self._grouped(write)
         async with self._connection() as conn:
             return await self._one(conn, write)
@@ -592,6 +613,8 @@ class PostgresStore(Store):
         write = _Write(fence, _entry_rows(entries),
                        (state.value, dumps(result, "workflow result"), error))
         if self.group_commit:
+            if not self._leading:
+                return await self._alone(write)
             return await self._grouped(write)
         async with self._connection() as conn:
             return await self._one(conn, write)
@@ -609,6 +632,45 @@ class PostgresStore(Store):
     # for each (unknown: the batch may have committed); the server refused the statement
     # (it was rolled back): each write is sent again on its own, so one write's error is
     # its own.
+    async def _alone(self, write: _Write) -> bool:
+        """A write that found no batch in flight (so none forming either): it leads, as in
+        _grouped, but a batch of itself alone needs none of the batch's machinery (the
+        queue, the batch's lists, the chain of _lead, _flush and _send): one coroutine
+        from the caller to the statement (a lone write's client CPU, docs/postgres.md,
+        *Group commit*). Writes that arrive while it is in flight queue, and the first of
+        them leads the next batch once it is answered, as after any batch."""
+        pool = self._pool
+        if pool is None:
+            raise StoreError("the store is not open")
+        await checkpoint_if_cancelled()  # a cancelled caller sends nothing
+        if self._leading:  # (not after a checkpoint that did not yield; never, then)
+            return await self._grouped(write)
+        self._leading = True
+        self.batches += 1
+        self.batched_writes += 1
+        try:
+            # shielded like any lead: once sent, its outcome is awaited (and the
+            # connection put back), whoever cancels the caller
+            with anyio.CancelScope(shield=True):
+                conn = await self._checkout(pool)  # NotSentError: nothing was sent
+                try:
+                    return await self._one(conn, write)
+                except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+                    # refused by the server, or the connection lost after sending (the
+                    # outcome unknown): a StoreError either way, as from a batch of one
+                    raise self._translate(exc) from exc
+                finally:
+                    await pool.putconn(conn)
+            raise StoreError("a lone write got no answer")  # (nothing cancels its scope)
+        finally:
+            if self._pending:  # queued meanwhile: the first of them leads the next batch
+                head = self._pending[0]
+                head.lead = True
+                assert head.wake is not None  # a queued write waits on it
+                head.wake.set()
+            else:
+                self._leading = False
+
     async def _grouped(self, write: _Write) -> bool:
         if self._pool is None:
             raise StoreError("the store is not open")
@@ -743,6 +805,12 @@ class PostgresStore(Store):
         fence, rows = write.fence, write.rows
         entries = len(rows)
         params: dict[str, Any]
+        if entries == 1 and write.finish is None:  # LONE_APPEND's order
+            kind, step, step_key, name, attempt, data = rows[0]
+            now = self._now()
+            cur = await conn.execute(LONE_APPEND, (kind, step, step_key, name, attempt, now,
+                                                   data, fence.run_id, fence.epoch, now))
+            return cur.rowcount == 1
         if entries == 1:
             queries = Q_ONE_ENTRY
             params = dict(zip(_ENTRY_COLUMNS, rows[0], strict=True))
