@@ -186,9 +186,9 @@ async def test_the_servers_time_keeps_the_queue_and_lease_indexes_usable(
     from durable.store._postgres import Q
 
     sent: dict[str, tuple[str, object]] = {}
-    execute = psycopg.AsyncConnection.execute
+    execute = psycopg.AsyncCursor.execute  # (AsyncConnection.execute calls it too)
 
-    async def recording(self: psycopg.AsyncConnection[object], query: str,
+    async def recording(self: psycopg.AsyncCursor[object], query: str,
                         params: object = None, **kwargs: object) -> object:
         for name in ("claim", "recover_stale"):
             if query == Q[name]:
@@ -206,7 +206,7 @@ async def test_the_servers_time_keeps_the_queue_and_lease_indexes_usable(
                 "CASE WHEN g % 10 = 0 THEN extract(epoch from now()) + 3600 + g END "
                 "FROM generate_series(1, 20000) AS g")
             conn.execute("ANALYZE durable_runs")
-            monkeypatch.setattr(psycopg.AsyncConnection, "execute", recording)
+            monkeypatch.setattr(psycopg.AsyncCursor, "execute", recording)
             assert await client.store.claim("w", 30.0, 10) == []
             assert await client.store.recover_stale() == []
             monkeypatch.undo()
