@@ -284,7 +284,9 @@ async def test_claim_with_commits_the_finishes_then_claims_and_appends(store: St
     stale = Fence("done", first.epoch + 1000)
     result = await store.claim_with(
         "w1", LEASE, "next", 1, [STEP],
-        [Finish(stale, RunState.FAILED, error="not mine"),  # refused: changes nothing else
+        # refused: it writes none of its entries, and changes nothing else
+        [Finish(stale, RunState.FAILED, error="not mine",
+                entries=(DONE, JournalWrite(EntryKind.RUN_FAILED, data={"error": "x"}))),
          Finish(fence(first), RunState.COMPLETED, result=7,
                 entries=(JournalWrite(EntryKind.RUN_COMPLETED),))])
     assert result.finished == (False, True) and result.appended
@@ -293,6 +295,9 @@ async def test_claim_with_commits_the_finishes_then_claims_and_appends(store: St
         RunState.RUNNING, 1, "w1")
     done = await store.get_run("done")
     assert done is not None and done.state is RunState.COMPLETED and done.result == 7
+    done_entries = await store.journal("done")
+    assert kinds(done_entries) == ["run_created", "run_claimed", "run_completed"]
+    assert done_entries[2].epoch == first.epoch
     entries = await store.journal("next")
     assert kinds(entries) == ["run_created", "run_claimed", "step_started"]
     assert {e.epoch for e in entries[1:]} == {result.run.epoch}

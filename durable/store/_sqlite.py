@@ -459,8 +459,9 @@ class SqliteStore(Store):
         finishes: Sequence[Finish] = (),
         workflows: Sequence[str] | None = None,
     ) -> ClaimOutcome:
-        """One transaction: each finish in a savepoint of its own, then the claim, then
-        the entries (only with the claim as expected)."""
+        """One transaction: each finish (its fenced update first: a refused one writes
+        nothing, so it needs no savepoint), then the claim, then the entries (only with the
+        claim as expected)."""
         now = self.clock.now()
         done = [self._finish_tx(f.fence, f.state, f.result, f.error, f.entries, now)
                 for f in finishes]
@@ -470,13 +471,10 @@ class SqliteStore(Store):
         def tx(conn: sqlite3.Connection) -> ClaimOutcome:
             finished = []
             for finish in done:
-                conn.execute("SAVEPOINT finish")
                 try:
                     finished.append(finish(conn))
-                except _Fenced:
-                    conn.execute("ROLLBACK TO finish")
+                except _Fenced:  # its update was refused before it wrote anything
                     finished.append(False)
-                conn.execute("RELEASE finish")
             row = conn.execute(Q["claim_run"], params).fetchone()
             if row is None:
                 return ClaimOutcome(tuple(finished), None, False)
@@ -551,7 +549,13 @@ class SqliteStore(Store):
     def _finish_tx(fence: Fence, state: RunState, result: JSON, error: str | None,
                    entries: Sequence[JournalWrite],
                    now: float) -> Callable[[sqlite3.Connection], bool]:
-        """The statements of :meth:`finish` (raising _Fenced to roll back), encoded now."""
+        """The statements of :meth:`finish`, encoded now; raises _Fenced, having written
+        nothing, when the fence refuses it.
+
+        The fenced update of the run comes first, so the entries that follow need no fence
+        of their own (``append_unfenced``, in the same transaction, under the write lock)
+        and a refused finish leaves nothing to roll back: a carried finish needs no
+        savepoint in the claim's transaction (:meth:`claim_with`)."""
         rows = [_entry_params(fence, e, now) for e in entries]
         params = {
             "run_id": fence.run_id,
@@ -563,11 +567,10 @@ class SqliteStore(Store):
         }
 
         def tx(conn: sqlite3.Connection) -> bool:
-            for entry in rows:
-                if conn.execute(Q["append_entry"], entry).rowcount != 1:
-                    raise _Fenced
             if conn.execute(Q["finish_run"], params).rowcount != 1:
                 raise _Fenced
+            for entry in rows:
+                conn.execute(Q["append_unfenced"], entry)
             return True
 
         return tx
