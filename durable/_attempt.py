@@ -235,8 +235,7 @@ class Attempt:
         if claim.taken:
             await claim.done.wait()
             return False  # entries not written (the claim may hold, they go next)
-        with self.lease.shielded(WRITE_TIMEOUT):
-            await claim.commit(entries)
+        await claim.commit(entries)  # shielded and bounded itself (durable/_claims.py)
         if self.claim is not None or self.unclaimed:
             raise self.refusal()
         return True

@@ -111,6 +111,9 @@ class Worker:
         end the attempt and release the run until it is due (docs/design.md, "Durable
         waiting"); shorter ones wait in the attempt."""
         self.store = store
+        self._notifies = type(store).notify_finished is not Store.notify_finished
+        """Whether the store's ``notify_finished`` does anything (PostgreSQL's NOTIFY): the
+        base class's is a no-op, not worth a timer per run."""
         self.registry = registry or default_registry
         explicit = list(workflows)
         if explicit:  # besides the registry's (which may still grow: seen, not copied)
@@ -452,7 +455,7 @@ class Worker:
                 self._wake.set()
             if not attempt.unclaimed:
                 _wake.hub(self.store).end(attempt.run.id)  # this process's waiters, at once
-        if attempt.unclaimed:
+        if attempt.unclaimed or not self._notifies:
             return
         try:  # other processes' waiters (PostgreSQL NOTIFY; a no-op where a commit signals)
             with anyio.fail_after(1.0):
