@@ -73,7 +73,7 @@ class BatchCounter:
         self.batches = 0
         self.writes = 0
         original = PostgresStore._flush
-        alone = PostgresStore._alone
+        alone = getattr(PostgresStore, "_alone", None)  # (None: a store before it)
         counter = self
 
         async def counting_flush(store: Any, batch: list[Any]) -> None:
@@ -85,10 +85,12 @@ class BatchCounter:
             if not store._leading:  # (else it joins the queue: counted by its batch)
                 counter.batches += 1
                 counter.writes += 1
-            return await alone(store, write)
+            assert alone is not None
+            return bool(await alone(store, write))
 
         PostgresStore._flush = counting_flush  # type: ignore[method-assign]
-        PostgresStore._alone = counting_alone  # type: ignore[method-assign]
+        if alone is not None:
+            PostgresStore._alone = counting_alone  # type: ignore[method-assign]
 
     def take(self) -> tuple[int, int]:
         counts = (self.batches, self.writes)
@@ -144,11 +146,12 @@ class PlainInserts:
     async def __aexit__(self, *exc: object) -> None:
         await self.conn.close()
 
-    async def block(self, n: int) -> float:
-        t0 = time.perf_counter()
+    async def block(self, n: int) -> tuple[float, float]:
+        """(seconds, CPU seconds of this process) for ``n`` INSERTs."""
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(n):
             await self.conn.execute(self.insert, (bench.PAYLOAD,))
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
 class FencedAppends:
@@ -171,30 +174,36 @@ class FencedAppends:
     async def __aexit__(self, *exc: object) -> None:
         await self.store.aclose()
 
-    async def block(self, n: int) -> float:
-        t0 = time.perf_counter()
+    async def block(self, n: int) -> tuple[float, float]:
+        """(seconds, CPU seconds of this process) for ``n`` appends."""
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(n):
             if not await self.store.append(self.fence, self.entry):
                 raise SystemExit("a fenced append was refused")
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
-async def sequential_appends(pg: bench.PgServer, n: int) -> dict[str, float]:
-    """Per second: plain INSERTs, fenced appends with group commit and without, ``n`` of
-    each, timed in alternating blocks of BLOCK."""
+async def sequential_appends(pg: bench.PgServer, n: int
+                             ) -> tuple[dict[str, float], dict[str, float]]:
+    """Per second, and this process's CPU us per call: plain INSERTs, fenced appends with
+    group commit and without, ``n`` of each, timed in alternating blocks of BLOCK."""
     async with PlainInserts(pg) as plain, \
             FencedAppends(with_option(pg.new_url(), "")) as on, \
             FencedAppends(with_option(pg.new_url(), "group_commit=0&")) as off:
         kinds: dict[str, PlainInserts | FencedAppends] = {"plain": plain, "on": on,
                                                           "off": off}
         seconds = dict.fromkeys(kinds, 0.0)
+        cpu = dict.fromkeys(kinds, 0.0)
         done = 0
         while done < n:
             size = min(BLOCK, n - done)
             for name, kind in kinds.items():
-                seconds[name] += await kind.block(size)
+                spent, used = await kind.block(size)
+                seconds[name] += spent
+                cpu[name] += used
             done += size
-        return {name: bench.rate(n, spent) for name, spent in seconds.items()}
+        return ({name: bench.rate(n, spent) for name, spent in seconds.items()},
+                {name: 1e6 * used / n for name, used in cpu.items()})
 
 
 def statement_variants() -> dict[str, tuple[str, bool]]:
@@ -338,6 +347,7 @@ async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any
     concurrent: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     sequential: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     appends: dict[str, list[float]] = {"on": [], "off": [], "plain": []}
+    appends_cpu: dict[str, list[float]] = {"on": [], "off": [], "plain": []}
     for i in range(args.repeat):
         for mode, option in MODES:
             counter.take()
@@ -363,8 +373,10 @@ async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any
             sequential[mode].append(await bench.run_engine(
                 with_option(pg.new_url(), option), args.sequential, concurrency=1,
                 start_at_once=False, label=f"pg-seq-{mode}{i}"))
-        for name, value in (await sequential_appends(pg, args.appends)).items():
+        rates, cpus = await sequential_appends(pg, args.appends)
+        for name, value in rates.items():
             appends[name].append(value)
+            appends_cpu[name].append(cpus[name])
         print(f"bench_pg: appends #{i + 1}: plain {appends['plain'][-1]:,.0f}/s, fenced "
               f"{appends['on'][-1]:,.0f}/s (group commit on), {appends['off'][-1]:,.0f}/s "
               "(off)", file=sys.stderr)
@@ -380,6 +392,7 @@ async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any
         "sequential": seq,
         "appends_per_s": app,
         "appends_repeats": appends,
+        "appends_cpu_us": {mode: statistics.median(v) for mode, v in appends_cpu.items()},
         "concurrent_gain": gain,
         "sequential_share": share,
         "targets": {
@@ -421,6 +434,10 @@ def print_report(report: dict[str, Any]) -> None:
     label = f"sequential fenced append x {report['appends']}, /s"
     print(f"{label:44}{app['on']:>14,.0f}{app['off']:>12,.0f}")
     print(f"{'plain psycopg autocommit INSERT, /s':44}{app['plain']:>14,.0f}")
+    cpu = r.get("appends_cpu_us")
+    if cpu:
+        print(f"{'  CPU us per append, this process':44}{cpu['on']:>14.0f}{cpu['off']:>12.0f}")
+        print(f"{'  CPU us per plain INSERT, this process':44}{cpu['plain']:>14.0f}")
     print()
     for name, text in (("concurrent_gain", "concurrent with group commit >= 4x without"),
                        ("sequential_share",
