@@ -166,8 +166,10 @@ class Run:
 
 def _optional(row: Mapping[str, Any], column: str) -> Any:
     """A column added by a later migration (absent from rows of an explicit column list)."""
-    keys = row.keys()
-    return row[column] if column in keys else None
+    try:
+        return row[column]
+    except (IndexError, KeyError):  # sqlite3.Row, a mapping
+        return None
 
 
 def _opt_float(value: Any) -> float | None:

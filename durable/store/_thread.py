@@ -17,7 +17,8 @@ connection whose busy timeout is zero: if another connection holds the write loc
 up at once (nothing done) and the job goes to the database thread, which waits its turn.
 Inline jobs never wait on a lock and never fsync (the fast path is off for
 ``synchronous=FULL``), so they cannot stall the event loop; the caller still passes a
-checkpoint before (a cancelled caller writes nothing) and after (others get to run).
+checkpoint before (a cancelled caller writes nothing) and after (others get to run: a
+write's is shielded, since it committed; a read's is not, it only loses what it read).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 import sniffio
-from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
+from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
 from .._errors import StoreError
 from .._lease import arm_bound, in_lazy_bound
@@ -255,7 +256,9 @@ class DbThread:
                 await job.event.wait()
                 return job.outcome()
             self.inline_jobs += 1
-            await cancel_shielded_checkpoint()
+            # others get to run; a cancel that lands here only loses what was read (a read
+            # writes nothing), so no shielded scope of its own is needed
+            await checkpoint()
             return result
         job = _Job(fn, write)
         self._pending.append(job)
