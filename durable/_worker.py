@@ -164,6 +164,10 @@ class Worker:
         self._awaited: set[str] = set()
         """Runs :meth:`wake` was told of while a claim was under way: claimed again for
         after it unless it took them."""
+        self._wake_owed = False
+        """An attempt's end would have woken the claim loop while no slot was free (the
+        claim that rode on its finish took the slot): the next end that frees one wakes it
+        (:meth:`_slot_freed`)."""
         self._changed = anyio.Event()
         self.log = get_logger("durable.worker", worker=self.worker_id)
         self.interceptors = tuple(interceptors)
@@ -451,8 +455,8 @@ class Worker:
             if self.pending.get(attempt.run.id) is attempt:
                 del self.pending[attempt.run.id]
             self._changed.set()
-            if self._claims_after(attempt, ended):
-                self._wake.set()
+            if self._wake_owed or self._claims_after(attempt, ended):
+                self._slot_freed()
             if not attempt.unclaimed:
                 _wake.hub(self.store).end(attempt.run.id)  # this process's waiters, at once
         if attempt.unclaimed or not self._notifies:
@@ -462,6 +466,17 @@ class Worker:
                 await self.store.notify_finished(attempt.run.id)
         except (StoreError, TimeoutError):
             pass  # they see it at their fallback poll
+
+    def _slot_freed(self) -> None:
+        """Wake the claim loop after an attempt's end, if it has a slot to claim for (or
+        is stopping); else the wake is owed to the next end that frees one. A slot frees
+        only at an attempt's end or a claim that did not hold (which wakes the loop
+        itself), so a loop woken with none free would only go back to waiting."""
+        if self._stopping or self.concurrency > len(self.active) + len(self.pending):
+            self._wake_owed = False
+            self._wake.set()
+        else:
+            self._wake_owed = True
 
     def _claims_after(self, attempt: Attempt, ended: str | None) -> bool:
         """Whether the end of ``attempt`` (how it ``ended``) may leave a run to claim now:
