@@ -289,12 +289,13 @@ class SqliteStore(Store):
             version = number
         return version
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True,
+                   then_yield: bool = True) -> T:
         db = self._db
         if db is None:
             raise StoreError("the store is not open")
         try:
-            return await db.run(fn, write=write)
+            return await db.run(fn, write=write, then_yield=then_yield)
         except sqlite3.DatabaseError as exc:
             message = str(exc)
             if "locked" in message or "busy" in message:
@@ -447,7 +448,9 @@ class SqliteStore(Store):
         def read(conn: sqlite3.Connection) -> list[Run]:
             return [Run.from_row(r) for r in conn.execute(Q["claimable"], params)]
 
-        return await self._run(read, write=False)
+        # no yield after an inline read: the worker starts the attempts read and waits for
+        # their claims right after (durable/_claims.py), or claims, or waits for work
+        return await self._run(read, write=False, then_yield=False)
 
     async def claim_with(
         self,
