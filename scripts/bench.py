@@ -184,10 +184,10 @@ class Counter:
         counter = self
         run = db.run
 
-        async def counting_run(fn: Any, *, write: bool = True) -> Any:
+        async def counting_run(fn: Any, *, write: bool = True, **options: Any) -> Any:
             counter.jobs += 1
             counter.write_jobs += write
-            return await run(fn, write=write)
+            return await run(fn, write=write, **options)
 
         db.run = counting_run
 
