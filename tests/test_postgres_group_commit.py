@@ -367,16 +367,18 @@ async def test_entries_travel_exactly_in_a_batch_and_alone(
     assert await pg_store.append(first, entries)  # alone: the entries as arrays
     for entry in entries:  # alone, one entry each: scalars (Q_ONE_ENTRY)
         assert await pg_store.append(first, [entry])
+    for at in range(0, len(entries), 2):  # two at a time: scalars (LONE_PAIR), the odd one
+        assert await pg_store.append(first, entries[at:at + 2])  # alone at the end
     assert "b::" not in Q_ONE_ENTRY["append_entries"] + Q_ONE_ENTRY["finish_run"]
     for f in [first, *fences]:
         written = [e for e in await pg_store.journal(f.run_id)
                    if e.kind is EntryKind.STEP_COMPLETED]
         assert [(e.step, e.step_key, e.name, e.try_number, e.data) for e in written] == [
             (e.step, e.step_key, e.name, e.try_number, e.data)
-            for e in (entries * 2 if f == first else entries)]
+            for e in (entries * 3 if f == first else entries)]
 
 
-@pytest.mark.parametrize("entries", [1, 2], ids=["one-entry", "two-entries"])
+@pytest.mark.parametrize("entries", [1, 2, 3], ids=["one-entry", "two-entries", "three"])
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "alone"])
 async def test_an_append_behind_a_recovery_of_its_run_is_refused(
         pg_url: str, pg_store: PostgresStore, entries: int, grouped: bool) -> None:

@@ -187,6 +187,25 @@ WHERE id = %(run_id)s AND epoch = %(epoch)s AND state = 'running'
   AND lease_expires_at > %(now)s
 FOR NO KEY UPDATE;
 
+-- name: append_entry_pair
+-- A lone append of two entries (the usual in a sequential run: a step's deferred completion
+-- with the next step's start): append_entry's one INSERT from the locked run row, the
+-- entries as a VALUES list of scalars, in order (no CTE, no unnest, no arrays to dump).
+-- The same fence and row lock (FOR NO KEY UPDATE OF the run's row; the VALUES list locks
+-- nothing).
+INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+SELECT r.id, r.epoch, e.kind, e.step, e.step_key, e.name, e.attempt, %(now)s, e.data
+FROM durable_runs AS r
+CROSS JOIN (VALUES (1, %(kind1)s::text, %(step1)s::integer, %(step_key1)s::text,
+                    %(name1)s::text, %(attempt1)s::integer, %(data1)s::text),
+                   (2, %(kind2)s::text, %(step2)s::integer, %(step_key2)s::text,
+                    %(name2)s::text, %(attempt2)s::integer, %(data2)s::text))
+     AS e(ord, kind, step, step_key, name, attempt, data)
+WHERE r.id = %(run_id)s AND r.epoch = %(epoch)s AND r.state = 'running'
+  AND r.lease_expires_at > %(now)s
+ORDER BY e.ord
+FOR NO KEY UPDATE OF r;
+
 -- name: append_batch
 -- Group commit: the appends of many attempts in one statement (one round trip, one commit).
 -- Each job is fenced on its own: job_run_ids and job_epochs are the jobs' fences (job j is
