@@ -370,9 +370,13 @@ async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any
             print(f"bench_pg: concurrent {mode} #{i + 1}: {result['steps_per_s']:,.0f} "
                   "steps/s", file=sys.stderr)
         for mode, option in MODES:
-            sequential[mode].append(await bench.run_engine(
+            cpu = time.process_time()
+            result = await bench.run_engine(
                 with_option(pg.new_url(), option), args.sequential, concurrency=1,
-                start_at_once=False, label=f"pg-seq-{mode}{i}"))
+                start_at_once=False, label=f"pg-seq-{mode}{i}")
+            result["client_cpu_us_per_step"] = (
+                1e6 * (time.process_time() - cpu) / (args.sequential * 5))
+            sequential[mode].append(result)
         rates, cpus = await sequential_appends(pg, args.appends)
         for name, value in rates.items():
             appends[name].append(value)
@@ -430,6 +434,9 @@ def print_report(report: dict[str, Any]) -> None:
     label = f"sequential {report['sequential']} x 5, steps/s"
     print(f"{label:44}{seq_on['steps_per_s']:>14,.0f}{seq_off['steps_per_s']:>12,.0f}"
           f"{seq_on['steps_per_s'] / seq_off['steps_per_s']:>7.2f}x")
+    on, off = seq_on.get("client_cpu_us_per_step"), seq_off.get("client_cpu_us_per_step")
+    if on is not None and off is not None:
+        print(f"{'  CPU us per step, this process':44}{on:>14.0f}{off:>12.0f}")
     app = r["appends_per_s"]
     label = f"sequential fenced append x {report['appends']}, /s"
     print(f"{label:44}{app['on']:>14,.0f}{app['off']:>12,.0f}")
