@@ -407,3 +407,30 @@ async def test_an_append_behind_a_recovery_of_its_run_is_refused(
         await recovery.close()
     assert outcome == [False]
     assert await journal_kinds(pg_store, f.run_id) == ["run_created", "run_claimed"]
+
+
+async def test_a_pooled_connection_keeps_its_cursor_but_not_a_large_result(
+        pg_url: str) -> None:
+    """The pool's connections keep one cursor for the store's statements (one fewer
+    object per statement), but not one holding a large result while the connection idles."""
+    from durable.store._postgres import KEPT_RESULT_ROWS, _Pooled
+
+    store = PostgresStore(pg_url, pool_size=1)  # one connection: the same one each time
+    await store.open()
+    try:
+        (only,) = await claimed(store, 1)
+        assert await store.append(only, [VALUE])
+        async with store._connection() as conn:
+            assert isinstance(conn, _Pooled)
+            kept = conn._cursor
+            assert kept is not None
+        assert await store.get_run(only.run_id) is not None  # a small result: kept
+        async with store._connection() as conn:
+            assert conn._cursor is kept
+        assert await store.append(only, [VALUE] * (KEPT_RESULT_ROWS + 1))
+        assert len(await store.journal(only.run_id)) > KEPT_RESULT_ROWS
+        async with store._connection() as conn:
+            assert conn._cursor is None  # dropped with its result
+        assert await store.append(only, [VALUE])  # and made again
+    finally:
+        await store.aclose()

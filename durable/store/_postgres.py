@@ -175,6 +175,11 @@ _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 Conn = psycopg.AsyncConnection[DictRow]
 
 
+KEPT_RESULT_ROWS = 64
+"""A kept cursor (_Pooled) whose result had more rows than this is dropped after it was
+read, so a pooled connection does not keep a large result while idle."""
+
+
 class _Pooled(psycopg.AsyncConnection[DictRow]):
     """The pool's connections: each keeps one cursor for the store's statements whose
     rows are read at once (_rows, the fenced writes). ``conn.execute`` makes a cursor on
@@ -431,7 +436,13 @@ class PostgresStore(Store):
     async def _rows(self, query: str, params: Mapping[str, Any]) -> list[DictRow]:
         async with self._connection() as conn:
             cur = await _cursor(conn).execute(query, params)
-            return await cur.fetchall()
+            rows = await cur.fetchall()
+            if len(rows) > KEPT_RESULT_ROWS and isinstance(conn, _Pooled):
+                # a kept cursor keeps its last result (libpq's memory) until its next
+                # statement: not a large one, on a connection that may stay idle
+                conn._cursor = None
+                await cur.close()
+            return rows
 
     async def _row(self, query: str, params: Mapping[str, Any]) -> DictRow | None:
         rows = await self._rows(query, params)
