@@ -434,3 +434,42 @@ async def test_a_pooled_connection_keeps_its_cursor_but_not_a_large_result(
         assert await store.append(only, [VALUE])  # and made again
     finally:
         await store.aclose()
+
+
+async def test_the_next_batch_is_sent_before_the_answered_batch_s_callers_go_on(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    """When a batch is answered, the first write queued behind it is woken first, so the
+    next batch is on its way to the server before the answered batch's callers run on (the
+    server works on it meanwhile). Woken after them, it went out only once they had all
+    run: the server idle while they ran, then the client idle while the server worked."""
+    lone, lead, member, nxt, last = await claimed(pg_store, 5)
+    seen: dict[str, int] = {}  # run id -> batches started when its caller got its answer
+
+    async def append(f: Fence) -> None:
+        assert await pg_store.append(f, [VALUE])
+        seen[f.run_id] = pg_store.batches
+
+    first_lock = await locker(pg_url, lone.run_id)
+    second_lock = await locker(pg_url, lead.run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append, lone)  # alone: waits on the server for first_lock
+            await poll(lambda: blocked_by(pg_url, first_lock))
+            tg.start_soon(append, lead)
+            tg.start_soon(append, member)
+            await poll(lambda: len(pg_store._pending) == 2)
+            await first_lock.commit()  # [lead, member] goes, and waits for second_lock
+            await poll(lambda: blocked_by(pg_url, second_lock))
+            assert pg_store.batches == 2
+            tg.start_soon(append, nxt)
+            tg.start_soon(append, last)
+            await poll(lambda: len(pg_store._pending) == 2)
+            await second_lock.commit()
+    finally:
+        await first_lock.close()
+        await second_lock.close()
+    assert pg_store.batches == 3
+    # the lead of [lead, member] returns from its own _lead at once; the member, woken,
+    # runs only after the next batch (nxt, last) was started
+    assert seen[member.run_id] == 3
+    assert seen[nxt.run_id] == seen[last.run_id] == 3

@@ -751,9 +751,11 @@ class PostgresStore(Store):
                         f"PostgreSQL at {self.url}: the batch failed: {exc!r}")
             raise
         finally:
-            for write in batch:
-                if write.wake is not None:
-                    write.wake.set()
+            # The next lead first: the event loop runs woken tasks in the order they were
+            # woken, so the next batch is sent before this batch's callers run on, and the
+            # server works on it meanwhile (woken after them, it went out once they had all
+            # run: the server idle while they ran, the client idle while it worked;
+            # docs/benchmarks.md, target 7).
             if self._pending:
                 head = self._pending[0]
                 head.lead = True
@@ -761,6 +763,9 @@ class PostgresStore(Store):
                 head.wake.set()
             else:
                 self._leading = False
+            for write in batch:
+                if write.wake is not None:
+                    write.wake.set()
 
     async def _flush(self, batch: list[_Write]) -> None:
         self.batches += 1
