@@ -28,6 +28,7 @@ clock (docs/design.md, "Clocks").
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import select
@@ -720,7 +721,10 @@ class PostgresStore(Store):
             with anyio.CancelScope(shield=True):  # the batch carries other callers' writes
                 await self._lead()
             return write.outcome()
-        wake = write.wake = anyio.Event()  # (the leader's own write needs none)
+        # (the leader's own write needs none) asyncio's Event, not anyio's wrapper of it:
+        # this store runs on asyncio only, and the wrapper cost a backend lookup and a
+        # call more per queued write
+        wake = write.wake = asyncio.Event()
         try:
             await wake.wait()
         except BaseException:
@@ -1257,7 +1261,7 @@ class _Write:
         self.error: BaseException | None = None
         self.sent = False  # taken into a batch
         self.lead = False  # the lead of the next batch was handed to its caller
-        self.wake: anyio.Event | None = None  # set when the caller waits for a batch
+        self.wake: asyncio.Event | None = None  # set when the caller waits for a batch
 
     def outcome(self) -> bool:
         if self.error is not None:
