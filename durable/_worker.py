@@ -302,6 +302,11 @@ class Worker:
                             if len(read) == free:
                                 continue
                         else:
+                            ramp = self.store.claim_ramp
+                            if ramp is not None and free > ramp:
+                                # the rest by the next claim, at once (Store.claim_ramp)
+                                free = min(free, max(
+                                    ramp, 2 * (len(self.active) + len(self.pending))))
                             if self._chain is None or not self._chain.claim:
                                 claimed = await self.store.claim(
                                     self.worker_id, self.lease, free, workflows=workflows)

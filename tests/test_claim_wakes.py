@@ -303,3 +303,35 @@ async def test_postgres_a_snapshot_saw_only_the_transactions_committed_before_it
     assert not after.saw(later)
     assert Snapshot.parse("10:20:12,15").saw(11)
     assert not any(Snapshot.parse("10:20:12,15").saw(t) for t in (12, 15, 20, 25))
+
+
+@pg_only
+async def test_an_idle_worker_ramps_its_claims_up_on_postgres(
+        pg_url: str, registry: durable.Registry) -> None:
+    """With more slots free than Store.claim_ramp, a worker claims at most that many runs,
+    or twice what it holds, by one claim (a claim of 1,000 runs was one long statement
+    with the worker idle), and goes on claiming at once while runs are left."""
+    gate = [anyio.Event()]
+    gated_flows(registry, gate)
+    async with opened(pg_url) as store:
+        store.claim_ramp = 3  # type: ignore[misc]  # (PostgresStore's: CLAIM_RAMP)
+        limits: list[int] = []
+        claim = store.claim
+
+        async def recorded(worker: str, lease: float, limit: int,
+                           **kwargs: Any) -> list[durable.Run]:
+            limits.append(limit)
+            return await claim(worker, lease, limit, **kwargs)
+
+        store.claim = recorded  # type: ignore[method-assign]
+        client = durable.Client(store, registry=registry)
+        for i in range(10):
+            await client.start("cw.gated", id=f"g{i}")
+        async with worker_on(store, registry, concurrency=10):
+            with anyio.fail_after(BOUND):
+                for i in range(10):
+                    await running(client, f"g{i}")
+                assert limits[:3] == [3, 6, 1]
+                gate[0].set()
+                for i in range(10):
+                    assert (await client.wait(f"g{i}", poll=LONG)).state is RunState.COMPLETED

@@ -320,6 +320,13 @@ class Store(abc.ABC):
         workflows (a worker never claims a run it cannot execute).
         """
 
+    claim_ramp: int | None = None
+    """A worker with more slots free than this claims at most this many runs by one
+    :meth:`claim`, or twice the attempts it holds if more (None: all it has room for at
+    once). A claim of many runs is one long statement while an idle worker has nothing to
+    run; ramped up, the first runs claimed run while the server claims the next ones
+    (docs/benchmarks.md, target 7)."""
+
     # -- a claim that rides on the attempt's first write (docs/design.md, "One commit
     # per step") ----------------------------------------------------------------------------
     claims_ride_on_writes: bool = False
