@@ -310,6 +310,8 @@ def test_group_commit_is_on_unless_the_url_turns_it_off(pg_url: str) -> None:
     assert isinstance(store, PostgresStore) and store.group_commit
     off = store_from_url(pg_url.replace("?", "?group_commit=0&"))
     assert isinstance(off, PostgresStore) and not off.group_commit
+    # an idle worker's claims ramp up with group commit only (Store.claim_ramp)
+    assert store.claim_ramp is not None and off.claim_ramp is None
     assert "group_commit" not in off._conninfo
     with pytest.raises(ConfigError, match="group_commit must be 1 or 0"):
         store_from_url(pg_url + "&group_commit=maybe")

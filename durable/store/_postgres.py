@@ -166,8 +166,8 @@ TRIO_MESSAGE = (
 )
 
 CLAIM_RAMP = 100
-"""Store.claim_ramp: claiming 1,000 runs at once took one statement of 74-82 ms here, the
-worker idle until it was answered."""
+"""Store.claim_ramp with group commit: claiming 1,000 runs at once took one statement of
+74-82 ms here, the worker idle until it was answered."""
 
 MAX_BATCH = 256
 """The most fenced writes (appends, finishes) sent as one statement by group commit."""
@@ -208,8 +208,6 @@ def _cursor(conn: Conn) -> psycopg.AsyncCursor[DictRow]:
 class PostgresStore(Store):
     """A store in a PostgreSQL schema, shared by any number of workers on any hosts."""
 
-    claim_ramp = CLAIM_RAMP
-
     def __init__(self, url: str, *, clock: Clock | None = None, pool_size: int = 10,
                  create: bool = True, max_recoveries: int = DEFAULT_MAX_RECOVERIES,
                  statement_timeout: float = STATEMENT_TIMEOUT,
@@ -247,6 +245,10 @@ class PostgresStore(Store):
         # Group commit (_grouped), on unless the URL says ?group_commit=0 (or this is set
         # False before the store is used): the benchmark's baseline.
         self.group_commit = grouped
+        # Claims ramp up with group commit only: without it, each of the worker's writes
+        # takes a pooled connection, and a later claim waits for one behind them (the
+        # baseline ran 22-31 % slower with the ramp: docs/benchmarks.md, target 7).
+        self.claim_ramp = CLAIM_RAMP if grouped else None
         self._pending: list[_Write] = []
         self._leading = False
         self.batches = 0
