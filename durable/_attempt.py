@@ -54,7 +54,7 @@ from ._interceptors import (
 )
 from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease, is_lazily_bounded
-from ._logging import get_logger, redact
+from ._logging import Logger, get_logger, redact
 from ._pool import LOG_EXTENSION, WAIT_EXTENSION, WorkerTransport
 from ._steps import (
     DEFAULT_WAIT_THRESHOLD,
@@ -153,8 +153,19 @@ class Attempt:
         self.carry: Callable[[Finish], Awaitable[bool | None]] | None = None
         """The worker's offer to commit this attempt's finish with its next claim (None:
         it had nothing to ride on; the finish then commits on its own)."""
-        self.log = get_logger("durable.attempt", workflow_id=run.id, workflow=run.workflow,
-                              attempt=run.attempt, epoch=run.epoch)
+        self._log: Logger | None = None
+
+    @property
+    def log(self) -> Logger:
+        """The attempt's logger, its run's fields bound: made on first use (a claimed
+        attempt's first line comes after the claim, which changes them)."""
+        log = self._log
+        if log is None:
+            run = self.run
+            log = self._log = get_logger("durable.attempt", workflow_id=run.id,
+                                         workflow=run.workflow, attempt=run.attempt,
+                                         epoch=run.epoch)
+        return log
 
     # -- lease and stop ------------------------------------------------------------------------
     @property
@@ -216,8 +227,7 @@ class Attempt:
         self.run = run
         self.fence = Fence(run.id, run.epoch)
         self.renewed(sent_at, sent_boot)
-        self.log = get_logger("durable.attempt", workflow_id=run.id, workflow=run.workflow,
-                              attempt=run.attempt, epoch=run.epoch)
+        self._log = None  # bound again to the run as claimed, when it logs
         self.log.info("attempt_started", in_doubt=0)
 
     def drop(self, reason: str) -> None:

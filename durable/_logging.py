@@ -129,18 +129,25 @@ class Logger:
     no handler can render the unredacted exception.
     """
 
-    __slots__ = ("_bound", "_logger")
+    __slots__ = ("_bound", "_logger", "_more")
 
     def __init__(self, logger: logging.Logger, bound: Mapping[str, Any]) -> None:
         self._logger = logger
         self._bound = dict(bound)
+        self._more: dict[str, Any] | None = None
+        """Fields of the last :meth:`bind`, merged only when a record is emitted (a bind
+        per step costs no merge while the level is off). Neither dict is ever changed."""
 
     @property
     def name(self) -> str:
         return self._logger.name
 
     def bind(self, **fields: Any) -> Logger:
-        return Logger(self._logger, {**self._bound, **fields})
+        bound = Logger.__new__(Logger)
+        bound._logger = self._logger
+        bound._bound = self._bound if self._more is None else {**self._bound, **self._more}
+        bound._more = fields
+        return bound
 
     def debug(self, event: str, **fields: Any) -> None:
         self._log(logging.DEBUG, event, fields)
@@ -171,7 +178,9 @@ class Logger:
             exc_info = sys.exc_info()
         elif isinstance(exc_info, BaseException):
             exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
-        fields = redact_fields({**self._bound, **call})
+        more = self._more
+        fields = redact_fields({**self._bound, **call} if more is None
+                               else {**self._bound, **more, **call})
         caller = sys._getframe(2)
         record = logger.makeRecord(
             logger.name, level, caller.f_code.co_filename, caller.f_lineno,
@@ -184,7 +193,14 @@ class Logger:
 
 def get_logger(name: str = ROOT, **bound: Any) -> Logger:
     """The structured logger ``name`` (under ``durable``) with ``bound`` fields."""
-    return Logger(logging.getLogger(name), bound)
+    logger = _loggers.get(name)
+    if logger is None:  # logging keeps every logger it made: the same object each time
+        logger = _loggers[name] = logging.getLogger(name)
+    return Logger(logger, bound)
+
+
+_loggers: dict[str, logging.Logger] = {}
+"""``logging.getLogger`` by name, without its lock (an attempt's logger is made per run)."""
 
 
 # standard LogRecord attributes: everything else on a record came from ``extra``
