@@ -475,3 +475,26 @@ async def test_the_next_batch_is_sent_before_the_answered_batch_s_callers_go_on(
     # runs only after the next batch (nxt, last) was started
     assert seen[member.run_id] == 3
     assert seen[nxt.run_id] == seen[last.run_id] == 3
+
+
+async def test_a_finish_batch_returns_whole_rows_only_when_a_run_is_waited_for_here(
+        pg_store: PostgresStore) -> None:
+    """finish_batch's rows are parsed only to hand a finished run to a wait in this process
+    (the hub's settle): a batch none of whose runs is waited for asks for the job numbers
+    alone; one with a waited run asks for the rows."""
+    from durable import _wake
+    from durable.store._postgres import FINISH_BATCH_JOBS, _entry_rows, _Write
+
+    fences = await claimed(pg_store, 2)
+
+    def batch() -> str:
+        group = [_Write(f, _entry_rows(()), ("completed", "1", None)) for f in fences]
+        return pg_store._batch(group)[0]
+
+    assert batch() == FINISH_BATCH_JOBS and "run.job FROM" in FINISH_BATCH_JOBS
+    hub = _wake.hub(pg_store)
+    hub.waiting(fences[1].run_id, +1)
+    try:
+        assert batch() == Q["finish_batch"]
+    finally:
+        hub.waiting(fences[1].run_id, -1)

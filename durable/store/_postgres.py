@@ -118,6 +118,15 @@ CTE and unnest, which cost the server more than the rest of the insert); the fin
 finish_run with each entry array built on the server from one scalar,
 ``ARRAY[%(kinds)s::text]``."""
 
+_ALL_ROWS = "SELECT run.* FROM run, notified"
+assert Q["finish_batch"].rstrip().endswith(_ALL_ROWS)
+FINISH_BATCH_JOBS = Q["finish_batch"].replace(_ALL_ROWS, "SELECT run.job FROM run, notified")
+"""finish_batch answering only which jobs finished their run: for a batch none of whose
+runs is waited for in this process (nobody to hand the run to: _settle), the client parses
+one column per finished run instead of the whole row. A wait that begins while the batch is
+in flight reads the run itself (Client.wait), as it does for another process's finish."""
+
+
 _NAMED_PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
@@ -836,8 +845,8 @@ class PostgresStore(Store):
             return
         for job, write in enumerate(group, 1):
             write.ok = job in done
-            if write.ok and write.finish is not None:
-                self._settle(done[job])
+            if write.ok and write.finish is not None and "id" in done[job]:
+                self._settle(done[job])  # (FINISH_BATCH_JOBS: nobody to hand it to)
 
     def _batch(self, group: list[_Write]) -> tuple[str, dict[str, Any]]:
         params: dict[str, Any] = {
@@ -854,7 +863,10 @@ class PostgresStore(Store):
         params["job_states"] = [w.finish[0] for w in group if w.finish]
         params["job_results"] = [w.finish[1] for w in group if w.finish]
         params["job_errors"] = [w.finish[2] for w in group if w.finish]
-        return Q["finish_batch"], params
+        waited = _wake.hub(self).waited
+        if waited and any(w.fence.run_id in waited for w in group):
+            return Q["finish_batch"], params
+        return FINISH_BATCH_JOBS, params
 
     async def _one(self, conn: Conn, write: _Write) -> bool:
         """One fenced append or finish, as its own statement."""
