@@ -720,13 +720,18 @@ class PostgresStore(Store):
                     await pool.putconn(conn)
             raise StoreError("a lone write got no answer")  # (nothing cancels its scope)
         finally:
-            if self._pending:  # queued meanwhile: the first of them leads the next batch
-                head = self._pending[0]
-                head.lead = True
-                assert head.wake is not None  # a queued write waits on it
-                head.wake.set()
-            else:
-                self._leading = False
+            self._hand_on_lead()  # queued meanwhile: the first of them leads the next batch
+
+    def _hand_on_lead(self) -> None:
+        """A batch (or a lone write) was answered: the first write queued meanwhile leads
+        the next batch, else nothing leads."""
+        if self._pending:
+            head = self._pending[0]
+            head.lead = True
+            assert head.wake is not None  # a queued write waits on it
+            head.wake.set()
+        else:
+            self._leading = False
 
     async def _grouped(self, write: _Write) -> bool:
         if self._pool is None:
@@ -777,13 +782,7 @@ class PostgresStore(Store):
             # server works on it meanwhile (woken after them, it went out once they had all
             # run: the server idle while they ran, the client idle while it worked;
             # docs/benchmarks.md, target 7).
-            if self._pending:
-                head = self._pending[0]
-                head.lead = True
-                assert head.wake is not None  # a queued write waits on it
-                head.wake.set()
-            else:
-                self._leading = False
+            self._hand_on_lead()
             for write in batch:
                 if write.wake is not None:
                     write.wake.set()
