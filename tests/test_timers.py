@@ -162,7 +162,13 @@ async def test_a_sleep_resumed_by_another_attempt_keeps_its_wake_time(
         clock.advance(1)  # 60 s after the first attempt journaled the wake time
         done = await client.wait("kept", timeout=15)
     assert done.result == "after" and lines(log) == ["before", "after"]
-    assert kinds(await client.store.journal("kept")).count("timer_started") == 1
+    journal = await client.store.journal("kept")
+    assert kinds(journal).count("timer_started") == 1
+    # on the store's clock, whatever the scheduling: the step after the sleep started no
+    # earlier than the wake time the first attempt journaled (60 s after it slept)
+    timer = next(e for e in journal if e.kind is EntryKind.TIMER_STARTED)
+    after = [e for e in journal if e.kind is EntryKind.STEP_STARTED and e.seq > timer.seq]
+    assert after and after[0].at >= timer.data["until"] == pytest.approx(timer.at + 60.0)
 
 
 async def _state_is(client: durable.Client, run_id: str, state: RunState,
