@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,24 @@ async def test_a_workflow_that_reads_its_epoch_before_its_claim_gets_the_claimed
     assert kinds(await client.journal("e1")).count("run_claimed") == 1
 
 
+def between_read_and_claim(store: Any, action: Callable[[], Awaitable[None]]) -> anyio.Event:
+    """``action`` runs once, after the worker's first read of what to claim that found a
+    run and before its claim (another worker or an operator in between); the event is set
+    once it ran."""
+    real = store.claimable
+    done = anyio.Event()
+
+    async def stale_claimable(*args: Any, **kwargs: Any) -> list[durable.Run]:
+        read = await real(*args, **kwargs)
+        if read and not done.is_set():
+            await action()
+            done.set()
+        return read
+
+    store.claimable = stale_claimable
+    return done
+
+
 async def test_a_run_that_changed_since_it_was_read_runs_from_its_journal(
         client: durable.Client) -> None:
     """Read as never started, but an attempt ran (and journaled step 1) before the claim:
@@ -161,25 +179,16 @@ async def test_a_run_that_changed_since_it_was_read_runs_from_its_journal(
     client.registry = registry
     store = client.store
     await client.start(steps, 2, id="c1")
-    real = store.claimable
-    interfered = False
 
-    async def stale_claimable(*args: Any, **kwargs: Any) -> list[durable.Run]:
-        nonlocal interfered
-        read = await real(*args, **kwargs)
-        if read and not interfered:  # another worker's attempt, between read and claim
-            interfered = True
-            [other] = await store.claim("other", 30.0, 1)
-            fence = Fence(other.id, other.epoch)
-            assert await store.append(fence, [
-                JournalWrite(EntryKind.STEP_STARTED, 1, "1", "t.noop", 1,
-                                     {"args": [0]}),
-                JournalWrite(EntryKind.STEP_COMPLETED, 1, "1", "t.noop", 1,
-                                     {"result": 0})])
-            assert await store.release(fence)
-        return read
+    async def another_workers_attempt() -> None:
+        [other] = await store.claim("other", 30.0, 1)
+        fence = Fence(other.id, other.epoch)
+        assert await store.append(fence, [
+            JournalWrite(EntryKind.STEP_STARTED, 1, "1", "t.noop", 1, {"args": [0]}),
+            JournalWrite(EntryKind.STEP_COMPLETED, 1, "1", "t.noop", 1, {"result": 0})])
+        assert await store.release(fence)
 
-    store.claimable = stale_claimable  # type: ignore[method-assign]
+    between_read_and_claim(store, another_workers_attempt)
     async with running_worker(client, registry, concurrency=1):
         done = await client.wait("c1", timeout=20)
     assert done.state is RunState.COMPLETED and done.result == 1 and done.attempt == 2
@@ -195,20 +204,13 @@ async def test_a_run_cancelled_since_it_was_read_is_not_claimed_and_nothing_runs
     client.registry = registry
     store = client.store
     await client.start(steps, 2, id="x1")
-    real = store.claimable
-    cancelled = False
 
-    async def stale_claimable(*args: Any, **kwargs: Any) -> list[durable.Run]:
-        nonlocal cancelled
-        read = await real(*args, **kwargs)
-        if read and not cancelled:
-            cancelled = True
-            await store.request_cancel("x1")
-        return read
+    async def cancel() -> None:
+        await store.request_cancel("x1")
 
-    store.claimable = stale_claimable  # type: ignore[method-assign]
+    cancelled = between_read_and_claim(store, cancel)
     async with running_worker(client, registry, concurrency=1) as worker:
-        await poll(lambda: cancelled and not worker.pending and not worker.active)
+        await poll(lambda: cancelled.is_set() and not worker.pending and not worker.active)
     assert calls == []
     run = await client.get("x1")
     assert run.state is RunState.CANCELLED and run.attempt == 0
