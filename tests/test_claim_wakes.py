@@ -197,38 +197,24 @@ async def chain(client: durable.Client, prefix: str, n: int) -> None:
 
 
 @pg_only
-async def test_postgres_a_chain_in_process_claims_once_per_run(
-        pg_url: str, registry: durable.Registry) -> None:
-    """Start, wait, start the next, with the worker in this process and NOTIFY on: the
-    in-process wake claims each run, and neither the run's own NOTIFY (which the claim's
-    snapshot saw, whichever came first) nor the attempt's end claims again."""
+@pytest.mark.parametrize("client_store", ["the worker's", "another"])
+async def test_postgres_a_chain_claims_once_per_run(
+        pg_url: str, registry: durable.Registry, client_store: str) -> None:
+    """Start, wait, start the next, NOTIFY on. The client on the worker's store object:
+    the in-process wake claims each run, and neither the run's own NOTIFY (which the
+    claim's snapshot saw, whichever came first) nor the attempt's end claims again. On
+    another store object (as in another process): only the NOTIFY wakes the worker, once
+    per run, and the attempt's end claims nothing."""
     gated_flows(registry, [anyio.Event()])
-    async with opened(pg_url) as store:
-        claims = Claims(store)
-        client = durable.Client(store, registry=registry)
-        async with worker_on(store, registry):
-            with anyio.fail_after(BOUND):
-                await chain(client, "warm", 2)  # the listener's first subscription
-                before = claims.started
-                await chain(client, "c", 40)
-            made = claims.started - before
-        assert made <= 40 + 2, (made, claims.empty)
-
-
-@pg_only
-async def test_postgres_a_chain_from_another_store_claims_once_per_run(
-        pg_url: str, registry: durable.Registry) -> None:
-    """The client on another store object (as in another process): only the NOTIFY wakes
-    the worker, once per run, and the attempt's end claims nothing."""
-    gated_flows(registry, [anyio.Event()])
-    async with opened(pg_url) as mine, opened(pg_url) as theirs:
+    async with opened(pg_url) as theirs, opened(pg_url) as other:
+        mine = theirs if client_store == "the worker's" else other
         claims = Claims(theirs)
         client = durable.Client(mine, registry=registry)
         async with worker_on(theirs, registry):
             with anyio.fail_after(BOUND):
-                await chain(client, "warm", 2)
+                await chain(client, "warm", 2)  # the listener's first subscription
                 before = claims.started
-                await chain(client, "x", 40)
+                await chain(client, "c", 40)
             made = claims.started - before
         assert made <= 40 + 2, (made, claims.empty)
 
