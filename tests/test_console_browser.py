@@ -78,6 +78,14 @@ def shoot(page: Any, name: str) -> None:
         page.screenshot(path=str(Path(folder) / name), full_page=True)
 
 
+def submit(page: Any, form: Any, token: str, then: str) -> None:
+    """Fill ``form``'s admin token field with ``token``, send the form, and wait for the
+    page's answer (``then``: a selector, such as the refusal or the flash message)."""
+    form.locator("input[name=token]").fill(token)
+    form.locator("button").click()
+    page.wait_for_selector(then, timeout=WAIT)
+
+
 def test_run_page_shows_the_journal_and_step_anchors_scroll_and_highlight(
         env: Env, page: Any) -> None:
     env.start("console.many", "40", run_id="many-1")
@@ -155,24 +163,18 @@ def test_replay_needs_the_token_and_the_csrf_value(env: Env, page: Any) -> None:
     _failed_run(env, page, "fails-1")
     shoot(page, "console-failed.png")
     form = page.locator("form.replay")
-    form.locator("input[name=token]").fill("not-the-token")
-    form.locator("button").click()
-    page.wait_for_selector("p.refused", timeout=WAIT)
+    submit(page, form, "not-the-token", "p.refused")
     assert "admin token is missing or wrong" in page.inner_text("p.refused")
 
     page.goto(f"{env.console}/runs/fails-1")
     page.evaluate("document.querySelector('form.replay input[name=csrf]').remove()")
-    page.locator("form.replay input[name=token]").fill(TOKEN)
-    page.locator("form.replay button").click()
-    page.wait_for_selector("p.refused", timeout=WAIT)
+    submit(page, page.locator("form.replay"), TOKEN, "p.refused")
     assert "CSRF" in page.inner_text("p.refused")
     assert "run_replayed" not in env.durable("show", "fails-1", "--json")
 
     page.goto(f"{env.console}/runs/fails-1")
     page.locator("form.replay select[name=from_step]").select_option("3")
-    page.locator("form.replay input[name=token]").fill(TOKEN)
-    page.locator("form.replay button").click()
-    page.wait_for_selector(".flash", timeout=WAIT)
+    submit(page, page.locator("form.replay"), TOKEN, ".flash")
     assert "queued again" in page.inner_text(".flash")
     shown = env.durable("show", "fails-1", "--json")
     assert '"origin"' in shown and '"via": "console"' in shown and '"from_step": 3' in shown
@@ -184,14 +186,10 @@ def test_cancel_needs_the_token(env: Env, page: Any) -> None:
     page.wait_for_selector(".delayed-start [data-countdown]", timeout=WAIT)
     assert re.search(r"Starts in (59 min|1 h)", page.inner_text(".delayed-start"))
     form = page.locator("form.cancel")
-    form.locator("input[name=token]").fill("wrong")
-    form.locator("button").click()
-    page.wait_for_selector("p.refused", timeout=WAIT)
+    submit(page, form, "wrong", "p.refused")
     assert '"state": "queued"' in env.durable("show", "later-1", "--json")
     page.goto(f"{env.console}/runs/later-1")
-    page.locator("form.cancel input[name=token]").fill(TOKEN)
-    page.locator("form.cancel button").click()
-    page.wait_for_selector(".flash", timeout=WAIT)
+    submit(page, page.locator("form.cancel"), TOKEN, ".flash")
     assert "cancelled before it started" in page.inner_text(".flash")
     page.wait_for_selector(".fields[data-state=cancelled]", timeout=WAIT)
 
@@ -204,17 +202,13 @@ def test_a_plan_is_approved_with_the_token_and_the_page_says_who(env: Env, page:
     assert "This run will delete db-42:" in page.inner_text("section.approval")
     shoot(page, "console-approval.png")
     form = page.locator("form.approve")
-    form.locator("input[name=token]").fill("wrong")
-    form.locator("button").click()
-    page.wait_for_selector("p.refused", timeout=WAIT)
+    submit(page, form, "wrong", "p.refused")
     assert "admin token is missing or wrong" in page.inner_text("p.refused")
     assert '"signal_sent"' not in env.durable("show", "gate-1", "--json")
 
     page.goto(f"{env.console}/runs/gate-1")
     page.locator("form.approve input[name=note]").fill("checked the ids")
-    page.locator("form.approve input[name=token]").fill(TOKEN)
-    page.locator("form.approve button").click()
-    page.wait_for_selector(".flash", timeout=WAIT)
+    submit(page, page.locator("form.approve"), TOKEN, ".flash")
     assert "plan approved" in page.inner_text(".flash")
     page.wait_for_selector(".fields[data-state=completed]", timeout=WAIT)
     decision = page.inner_text("section.approval .decision")
@@ -230,9 +224,7 @@ def test_pages_hold_no_secret(env: Env, page: Any) -> None:
         page.wait_for_load_state("load")
         contents.append(page.content())
     page.goto(f"{env.console}/runs/fails-2")
-    page.locator("form.replay input[name=token]").fill(TOKEN)
-    page.locator("form.replay button").click()
-    page.wait_for_selector(".flash", timeout=WAIT)
+    submit(page, page.locator("form.replay"), TOKEN, ".flash")
     contents.append(page.content())
     cookies = page.context.cookies()
     for content in contents:
@@ -253,18 +245,14 @@ def test_a_signal_sent_from_the_form_reaches_the_waiting_run(env: Env, page: Any
     assert form.locator("input[name=signal_id]").input_value().startswith("console-")
     shoot(page, "console-signal.png")
     form.locator("textarea[name=payload]").fill("{'not': json}")
-    form.locator("input[name=token]").fill(TOKEN)
-    form.locator("button").click()
-    page.wait_for_selector("p.refused", timeout=WAIT)
+    submit(page, form, TOKEN, "p.refused")
     assert page.inner_text("p.refused").startswith("the payload is not JSON (")
     assert '"signal_sent"' not in env.durable("show", "waits-1", "--json")
 
     page.goto(f"{env.console}/runs/waits-1")
     form = page.locator("form.signal")
     form.locator("textarea[name=payload]").fill(f'{{"ok": true, "auth": "token={SECRET}"}}')
-    form.locator("input[name=token]").fill(TOKEN)
-    form.locator("button").click()
-    page.wait_for_selector(".flash", timeout=WAIT)
+    submit(page, form, TOKEN, ".flash")
     assert "signal 'go' sent (id console-" in page.inner_text(".flash")
     page.wait_for_selector(".fields[data-state=completed]", timeout=WAIT)
     row = page.locator("section.signals tr.signal")
