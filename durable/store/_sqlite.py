@@ -77,6 +77,36 @@ for _name in ("claim", "claim_run", "claimable"):
     Q[_name] = Q[_name].replace("/*claimable*/", Q["claimable_where"])
 
 
+_APPEND_SQL: dict[int, str] = {}
+
+
+def _append_sql(n: int) -> str:
+    """append_entries for ``n`` entries (made once per ``n``; sqlite3 caches the prepared
+    statement by its text)."""
+    sql = _APPEND_SQL.get(n)
+    if sql is None:
+        rows = ", ".join(
+            "(" + ", ".join(f"?{4 + 6 * i + j}" for j in range(6)) + ")" for i in range(n))
+        sql = _APPEND_SQL[n] = Q["append_entries"].replace("/*rows*/", rows)
+    return sql
+
+
+def _append_params(fence: Fence, entries: Sequence[JournalWrite], now: float) -> list[Any]:
+    """append_entries' positional parameters, encoded now (the caller's thread)."""
+    params: list[Any] = [fence.run_id, fence.epoch, now]
+    for e in entries:
+        params += (e.kind._value_, e.step, e.step_key, e.name, e.attempt_column,
+                   e.data_json())
+    return params
+
+
+def _append_fenced(conn: sqlite3.Connection, n: int, params: Sequence[Any]) -> None:
+    """Run append_entries for ``n`` entries; raises _Fenced (nothing written) when the
+    fence refuses it."""
+    if n and conn.execute(_append_sql(n), params).rowcount != n:
+        raise _Fenced
+
+
 def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:
     return {
         "run_id": fence.run_id,
@@ -519,13 +549,11 @@ class SqliteStore(Store):
 
     @lazily_bounded  # it waits only in DbThread.run, which arms the bound first
     async def append(self, fence: Fence, entries: Sequence[JournalWrite]) -> bool:
-        now = self.clock.now()
-        rows = [_entry_params(fence, e, now) for e in entries]
+        n = len(entries)
+        params = _append_params(fence, entries, self.clock.now())
 
         def tx(conn: sqlite3.Connection) -> bool:
-            for params in rows:
-                if conn.execute(Q["append_entry"], params).rowcount != 1:
-                    raise _Fenced
+            _append_fenced(conn, n, params)
             return True
 
         return await self._fenced(tx)
@@ -582,15 +610,14 @@ class SqliteStore(Store):
                       run_at: float | None = None, waiting_for: str | None = None,
                       seen_signals: int = 0) -> bool:
         now = self.clock.now()
-        rows = [_entry_params(fence, e, now) for e in entries]
+        n = len(entries)
+        rows = _append_params(fence, entries, now)
         params = {"run_id": fence.run_id, "epoch": fence.epoch, "now": now,
                   "cancelled_error": CANCELLED_AT_RELEASE, "run_at": run_at,
                   "waiting_for": waiting_for, "seen_signals": seen_signals}
 
         def tx(conn: sqlite3.Connection) -> bool:
-            for entry in rows:
-                if conn.execute(Q["append_entry"], entry).rowcount != 1:
-                    raise _Fenced
+            _append_fenced(conn, n, rows)
             row = conn.execute(Q["release_run"], params).fetchone()
             if row is None:
                 raise _Fenced
@@ -789,7 +816,8 @@ class SqliteStore(Store):
              "now": now}
             for (ns, key), value in latest.items()
         ]
-        journal_rows = [] if fence is None else [_entry_params(fence, e, now) for e in entries]
+        journal = 0 if fence is None else len(entries)
+        journal_rows = [] if fence is None else _append_params(fence, entries, now)
         conditions = dict(expected or {})
 
         def tx(conn: sqlite3.Connection) -> bool:
@@ -797,9 +825,7 @@ class SqliteStore(Store):
                     Q["fence_holds"], _entry_params(fence, JournalWrite(EntryKind.VALUE),
                                                     now)).fetchone() is None:
                 raise _Fenced
-            for entry in journal_rows:
-                if conn.execute(Q["append_entry"], entry).rowcount != 1:
-                    raise _Fenced
+            _append_fenced(conn, journal, journal_rows)
             for (ns, key), version in conditions.items():
                 found = conn.execute(Q["record_version"],
                                      {"namespace": ns, "key": key}).fetchone()

@@ -134,12 +134,20 @@ WHERE state = 'running' AND worker = :worker AND lease_expires_at > :now
                       FROM json_each(:held))
 RETURNING id, epoch, cancel_requested;
 
--- name: append_entry
+-- name: append_entries
+-- An append's entries in one fenced statement (a step's deferred completion and the next
+-- step's start are two): the fence, an uncorrelated EXISTS, is checked once per statement,
+-- and the rows come from a VALUES list, inserted in its order (a co-routine scan). Positional
+-- parameters: ?1 the run's id, ?2 its epoch, ?3 now; /*rows*/ is one
+-- (kind, step, step_key, name, attempt, data) tuple of parameters per entry, from ?4 on
+-- (durable/store/_sqlite.py, _append_sql). The row count is the entries' count, or 0.
 INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
-SELECT :run_id, :epoch, :kind, :step, :step_key, :name, :attempt, :now, :data
+SELECT ?1, ?2, entry.column1, entry.column2, entry.column3, entry.column4, entry.column5,
+       ?3, entry.column6
+FROM (VALUES /*rows*/) AS entry
 WHERE EXISTS (SELECT 1 FROM durable_runs
-              WHERE id = :run_id AND epoch = :epoch AND state = 'running'
-                AND lease_expires_at > :now);
+              WHERE id = ?1 AND epoch = ?2 AND state = 'running'
+                AND lease_expires_at > ?3);
 
 -- name: append_unfenced
 INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
