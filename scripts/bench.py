@@ -63,6 +63,7 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -146,8 +147,54 @@ class _CountingConnection(sqlite3.Connection):
         super().commit()
 
 
+class _TimedConnection(_CountingConnection):
+    """Also adds up the wall time spent in sqlite3's own calls (statements, commits) in
+    the event loop's thread (the main thread here), for the timed run of the sequential
+    workload: SQLite's share of a step, measured on the engine's real statements. The
+    database thread's calls (its WAL checkpoints, in parallel) are left out. The wrappers
+    cost the engine a few microseconds a call, so the untimed runs' figures stand apart."""
+
+    seconds = 0.0
+
+    @staticmethod
+    def _add(t0: float) -> None:
+        if threading.current_thread() is threading.main_thread():
+            _TimedConnection.seconds += time.perf_counter() - t0
+
+    def execute(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        t0 = time.perf_counter()
+        try:
+            return super().execute(*args)
+        finally:
+            _TimedConnection._add(t0)
+
+    def executemany(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        t0 = time.perf_counter()
+        try:
+            return super().executemany(*args)
+        finally:
+            _TimedConnection._add(t0)
+
+    def commit(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            super().commit()
+        finally:
+            _TimedConnection._add(t0)
+
+    def rollback(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            super().rollback()
+        finally:
+            _TimedConnection._add(t0)
+
+
+_FACTORY: list[type[sqlite3.Connection]] = [_CountingConnection]
+
+
 def _counting_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-    kwargs.setdefault("factory", _CountingConnection)
+    kwargs.setdefault("factory", _FACTORY[0])
     conn: sqlite3.Connection = _real_connect(*args, **kwargs)
     return conn
 
@@ -211,13 +258,16 @@ class Counter:
 
 
 @contextlib.contextmanager
-def counting_commits() -> Iterator[None]:
-    """Connections opened inside the block count their commits."""
+def counting_commits(timed: bool = False) -> Iterator[None]:
+    """Connections opened inside the block count their commits (``timed``: and add up the
+    time of their sqlite3 calls in ``_TimedConnection.seconds``)."""
     sqlite3.connect = _counting_connect  # type: ignore[assignment]
+    _FACTORY[0] = _TimedConnection if timed else _CountingConnection
     try:
         yield
     finally:
         sqlite3.connect = _real_connect
+        _FACTORY[0] = _CountingConnection
 
 
 def store_url(path: Path, synchronous: str) -> str:
@@ -231,13 +281,16 @@ def rate(count: float, seconds: float) -> float:
 
 # -- the engine ----------------------------------------------------------------------------
 async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bool,
-                     label: str, strict: bool = False) -> dict[str, Any]:
-    """Queue ``runs`` runs, then drain them with one worker; time both phases."""
+                     label: str, strict: bool = False, timed: bool = False) -> dict[str, Any]:
+    """Queue ``runs`` runs, then drain them with one worker; time both phases.
+
+    ``timed`` (SQLite): also time the store's sqlite3 calls while the worker drains
+    (``sqlite_ms_per_step``)."""
     prefix = f"bench-{label}-{uuid.uuid4().hex[:8]}-"
     postgres = is_postgres(url)
     # The pool the worker CLI gives a worker of this concurrency (SQLite ignores it).
     store = durable.store_from_url(url, pool_size=min(concurrency + 3, 10))
-    with counting_commits():  # the store opens its connections here (and only here)
+    with counting_commits(timed):  # the store opens its connections here (and only here)
         await store.open()
     try:
         client = durable.Client(store, registry=REGISTRY)
@@ -273,10 +326,12 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
             await tg.start(worker.run)
             t1, cpu1 = time.perf_counter(), time.process_time()
             before = counter.snapshot()
+            sql_before = _TimedConnection.seconds
             with anyio.fail_after(max(120.0, runs * 0.05)):
                 await done.wait()
             run_s = time.perf_counter() - t1
             cpu_s = time.process_time() - cpu1
+            sql_s = _TimedConnection.seconds - sql_before
             after = counter.snapshot()
             worker.shutdown()
     finally:
@@ -308,6 +363,7 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
         "write_jobs_per_commit": (None if postgres else
                                   counts["write_jobs"] / counts["commits"]
                                   if counts["commits"] else 0.0),
+        "sqlite_ms_per_step": 1000 * sql_s / steps if timed and not postgres else None,
     }
 
 
@@ -538,6 +594,14 @@ async def bench_backend(args: argparse.Namespace, workdir: Path, backend: str,
                          f"{store}-{backend}-seq")
     con = await workload(args, url_for, "concurrent", args.concurrent,
                          args.concurrency or args.concurrent, True, f"{store}-{backend}-con")
+    if pg is None:
+        # One more sequential run with the sqlite3 calls timed: where a step's time goes
+        # (SQLite's calls against the engine's own Python), on the engine's real statements.
+        timed = await run_engine(url_for("sequential-timed"), args.sequential, concurrency=1,
+                                 start_at_once=False, label=f"{store}-{backend}-seq-timed",
+                                 strict=args.on_doubt == "fail", timed=True)
+        seq["sqlite_ms_per_step"] = timed["sqlite_ms_per_step"]
+        seq["timed_ms_per_step"] = timed["ms_per_step"]
 
     strict = args.on_doubt == "fail"
     plain_seq_s = min([await plain_async(args.sequential, False, strict) for _ in range(3)])
@@ -569,6 +633,11 @@ async def bench_backend(args: argparse.Namespace, workdir: Path, backend: str,
     # the raw single-thread commit rate of the same database (plain sqlite3, or psycopg)
     raw = baselines.get("psycopg_commits_per_s" if pg is not None else "sqlite3_commits_per_s")
     seq["raw_commit_share"] = seq["steps_per_s"] / raw if raw else None
+    sqlite_ms = seq.get("sqlite_ms_per_step")
+    # the rate if a step cost only its sqlite3 calls (the engine's Python taking no time)
+    seq["sqlite_only_steps_per_s"] = 1000 / sqlite_ms if sqlite_ms else None
+    seq["sqlite_only_raw_share"] = (seq["sqlite_only_steps_per_s"] / raw
+                                    if sqlite_ms and raw else None)
     return {
         "store": store,
         "loop": backend,
@@ -652,6 +721,19 @@ def render(report: dict[str, Any]) -> str:
         if name == "sequential":
             row("steps/s as % of the raw commit rate",
                 lambda r: 100 * (r[name]["raw_commit_share"] or 0), 1)
+
+            def pct(value: float | None) -> float | None:
+                return None if value is None else 100 * value
+
+            # a run of its own with sqlite3's calls timed (SQLite only)
+            row("timed run: ms per step in sqlite3 calls",
+                lambda r: r[name].get("sqlite_ms_per_step"), 3)
+            row("timed run: ms per step in all",
+                lambda r: r[name].get("timed_ms_per_step"), 3)
+            row("  steps/s if only sqlite3's calls took time",
+                lambda r: r[name].get("sqlite_only_steps_per_s"))
+            row("  as % of the raw commit rate",
+                lambda r: pct(r[name].get("sqlite_only_raw_share")), 1)
         row("write jobs per commit", lambda r: r[name]["write_jobs_per_commit"], 1)
         row("starts/s", lambda r: r[name]["starts_per_s"])
         row("worker start-up (ms, not counted above)",

@@ -87,6 +87,12 @@ def test_quick_run_reports_every_figure_as_json(tmp_path: Path, backend: str) ->
         assert aiosqlite_rate is None
     assert set(result["targets"]) == set(report["targets"])
     assert all(isinstance(met, bool) for met in result["targets"].values())
+    # the timed run: SQLite's calls are a part of a step, and a rate if they were all of it
+    seq = result["sequential"]
+    assert 0 < seq["sqlite_ms_per_step"] < seq["timed_ms_per_step"]
+    assert seq["sqlite_only_steps_per_s"] == pytest.approx(1000 / seq["sqlite_ms_per_step"])
+    assert seq["sqlite_only_steps_per_s"] > seq["steps_per_s"] / 10
+    assert positive(seq["sqlite_only_raw_share"])
 
 
 def test_synchronous_full_strict_activities_and_the_text_table(tmp_path: Path) -> None:
@@ -121,6 +127,7 @@ def test_postgres_column_beside_sqlite_in_the_same_run(tmp_path: Path,
     assert positive(result["sequential"]["commits_per_step"])
     assert positive(result["baselines"]["psycopg_commits_per_s"])
     assert "sqlite3_commits_per_s" not in result["baselines"]
+    assert result["sequential"]["sqlite_ms_per_step"] is None  # nothing to time there
     assert set(result["targets"]) == set(report["targets"])
     assert all(isinstance(met, bool) for met in result["targets"].values())
 
