@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
+import json.encoder
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,15 +79,42 @@ NEVER = 253402300799.0
 due only when a signal makes it due."""
 
 
+def _not_json(value: object) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-"""One encoder for every value (``json.dumps`` with options builds a new one per call)."""
+"""The standard library's encoder (pure Python where the C one is missing)."""
+
+
+class _Encoders(threading.local):
+    """Each thread's C encoder of :data:`_ENCODE`'s options, made once per thread:
+    ``JSONEncoder.encode`` makes a new one on every call, which cost more than encoding a
+    step's entry (docs/benchmarks.md, *A step's own cost*). Same text, same refusals (NaN
+    and infinities, circular references). One per thread: its record of the containers
+    it is inside (``markers``) lives from call to call, and another thread may run while
+    an encoding calls back into Python (:func:`_not_json`)."""
+
+    def __init__(self) -> None:
+        self.markers: dict[int, object] = {}
+        make = getattr(json.encoder, "c_make_encoder", None)
+        self.encode = None if make is None else make(
+            self.markers, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",",
+            False, False, False)
+
+
+_ENCODERS = _Encoders()
 
 
 def dumps(value: JSON, what: str = "value") -> str:
     """Encode a JSON value, or raise NotJsonError naming what was not JSON."""
+    encoders = _ENCODERS
     try:
-        return _ENCODE(value)
+        if encoders.encode is None or type(value) is str:
+            return _ENCODE(value)
+        return "".join(encoders.encode(value, 0))
     except (TypeError, ValueError) as exc:
+        encoders.markers.clear()  # a failed encoding leaves its containers recorded
         raise NotJsonError(f"{what} must be JSON values: {exc}") from exc
 
 

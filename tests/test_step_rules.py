@@ -126,14 +126,19 @@ async def test_a_result_is_encoded_once_on_its_way_to_the_journal(
     store it. A result that cannot be journaled is still named (the test above)."""
     result = {"items": [1, 2, 3], "name": "x"}
     seen: list[object] = []
-    encode = durable._types._ENCODE
+    real = durable._types._ENCODERS
 
-    def counting(value: object) -> str:
-        if value is result or (isinstance(value, dict) and value.get("result") is result):
-            seen.append(value)
-        return encode(value)
+    class Counting:  # every encoding of a journal value goes through its thread's encoder
+        markers = real.markers
 
-    monkeypatch.setattr(durable._types, "_ENCODE", counting)
+        @staticmethod
+        def encode(value: object, level: int) -> Any:
+            if value is result or (isinstance(value, dict) and value.get("result") is result):
+                seen.append(value)
+            assert real.encode is not None
+            return real.encode(value, level)
+
+    monkeypatch.setattr(durable._types, "_ENCODERS", Counting())
 
     @durable.activity("lists", registry=registry, on_doubt="fail")
     async def lists(ctx: durable.ActivityContext) -> dict[str, Any]:
