@@ -112,8 +112,10 @@ class Worker:
         waiting"); shorter ones wait in the attempt."""
         self.store = store
         self._notifies = type(store).notify_finished is not Store.notify_finished
-        """Whether the store's ``notify_finished`` does anything (PostgreSQL's NOTIFY): the
-        base class's is a no-op, not worth a timer per run."""
+        """Whether the store overrides ``notify_finished`` (a store whose commits do not
+        tell other processes by themselves): the base class's is a no-op, not worth a bound
+        and an await per run. Neither SQLite's (the commit changes ``data_version``) nor
+        PostgreSQL's (the finishing statements NOTIFY) overrides it."""
         self.registry = registry or default_registry
         explicit = list(workflows)
         if explicit:  # besides the registry's (which may still grow: seen, not copied)

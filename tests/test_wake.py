@@ -17,6 +17,7 @@ import pytest
 import durable
 from durable import RunState, _wake
 from durable.store import Store, store_from_url
+from durable.store._sqlite import SqliteStore
 
 from . import pgflows
 from .conftest import ROOT, subprocess_env
@@ -91,6 +92,43 @@ async def test_another_store_is_woken_by_data_version(
                     run = await client.start("wake.sum", id=f"r{i}")
                     done = await client.wait(run.id, poll=LONG)
                     assert done.state is RunState.COMPLETED
+
+
+class TellingStore(SqliteStore):
+    """A store whose commits would not tell other processes: it overrides notify_finished,
+    which records the runs it is told of."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.told: list[str] = []
+
+    async def notify_finished(self, run_id: str) -> None:
+        self.told.append(run_id)
+
+
+async def test_notify_finished_is_called_only_where_a_store_overrides_it(
+        tmp_path: Path, registry: durable.Registry, pg_url: str) -> None:
+    """The worker tells a store that overrides notify_finished of each finished run, after
+    the finish; the two stores signal by their commits and do not override it, so their
+    runs cost no bound and no call for it."""
+    flows(registry)
+    store = TellingStore(str(tmp_path / "t.db"))
+    await store.open()
+    try:
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry):
+            with anyio.fail_after(BOUND):
+                for i in range(3):
+                    await client.start("wake.sum", id=f"r{i}")
+                    assert (await client.wait(f"r{i}", poll=LONG)).state is RunState.COMPLETED
+                await poll(lambda: len(store.told) == 3, timeout=BOUND)
+        assert store.told == ["r0", "r1", "r2"]
+    finally:
+        await store.aclose()
+    for url in (f"sqlite:///{tmp_path / 's.db'}", pg_url):
+        plain = store_from_url(url)
+        assert type(plain).notify_finished is Store.notify_finished, url
+        assert not durable.Worker(plain, registry=registry)._notifies
 
 
 async def test_a_lost_signal_ends_in_the_fallback_poll(
