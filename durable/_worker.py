@@ -195,9 +195,11 @@ class Worker:
         self.pruned = 0
         """Runs this worker pruned."""
         self.gc_policy = gc_policy
-        """While it runs, no full garbage collection more often than every
-        :data:`durable._gc.FULL_EVERY` collections of the middle generation (process-wide,
-        restored when the last worker stops): none in the middle of a burst of claims."""
+        """While it runs, the garbage collector's young generation is collected every
+        :data:`durable._gc.YOUNG_EVERY` net allocations at the most often, and a full
+        collection comes at most every :data:`durable._gc.FULL_SPACING` (process-wide,
+        restored when the last worker stops; :func:`durable._gc.policy_thresholds`): none
+        in the middle of a burst of claims."""
 
     # -- control -----------------------------------------------------------------------------
     def shutdown(self, grace: float | None = None) -> None:
