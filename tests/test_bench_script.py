@@ -162,3 +162,32 @@ def test_unreachable_postgres_skips_the_column_unless_required(tmp_path: Path) -
     proc = run_bench(tmp_path, "--backend", "asyncio", "--backends", "postgres",
                      "--pg-url", UNREACHABLE, "--require-postgres", status=2)
     assert "no PostgreSQL server reachable" in proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_run_split_reports_a_step_and_a_run_apart(tmp_path: Path, backend: str) -> None:
+    """scripts/bench_run_split.py: runs of 1 and of 9 steps, each completed and journaled
+    (the engine workload checks it), split into a step's cost and a run's own."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_run_split.py"), "--runs", "8",
+         "--repeat", "1", "--backend", backend, "--json"],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    for length in ("1", "9"):
+        figures = report["per_run_of"][length]
+        assert 0 < figures["sqlite_ms"] < figures["wall_ms"], (length, figures)
+    # nine steps cost more than one: the per-step figures are what the difference says
+    assert report["per_run_of"]["9"]["wall_ms"] > report["per_run_of"]["1"]["wall_ms"]
+    assert positive(report["per_step"]["wall_ms"])
+    assert positive(report["per_step"]["sqlite_ms"])
+    assert set(report["per_run_besides_steps"]) == {"wall_ms", "sqlite_ms", "cpu_ms"}
+
+
+def test_the_run_split_refuses_a_run_count_of_zero(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_run_split.py"), "--runs", "0"],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--runs and --repeat must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
