@@ -20,7 +20,14 @@ import pytest
 from durable._errors import ConfigError, NotSentError, StoreError, StoreUnavailableError
 from durable._types import EntryKind, Fence, JournalWrite, RunState
 from durable.store import store_from_url
-from durable.store._postgres import Q_ONE_ENTRY, PostgresStore, Q
+from durable.store._postgres import (
+    FINISH_BATCH_JOBS,
+    Q_ONE_ENTRY,
+    PostgresStore,
+    Q,
+    _entry_rows,
+    _Write,
+)
 from tests.helpers import poll
 from tests.pg import pg_url, postgres_server, split_url
 from tests.test_store_contract import create, fence, journal_kinds
@@ -483,7 +490,6 @@ async def test_a_finish_batch_returns_whole_rows_only_when_a_run_is_waited_for_h
     (the hub's settle): a batch none of whose runs is waited for asks for the job numbers
     alone; one with a waited run asks for the rows."""
     from durable import _wake
-    from durable.store._postgres import FINISH_BATCH_JOBS, _entry_rows, _Write
 
     fences = await claimed(pg_store, 2)
 
@@ -498,3 +504,69 @@ async def test_a_finish_batch_returns_whole_rows_only_when_a_run_is_waited_for_h
         assert batch() == Q["finish_batch"]
     finally:
         hub.waiting(fences[1].run_id, -1)
+
+
+@pytest.mark.parametrize("held", ["dl00", "dl01"])
+@pytest.mark.parametrize("batch", ["append_batch", "finish_batch"])
+async def test_a_renewal_and_a_batch_lock_the_runs_they_share_in_one_order(
+        pg_store: PostgresStore, pg_url: str, batch: str, held: str) -> None:
+    """A renewal and a group-commit batch that share runs lock them in id order, so
+    neither can hold one row while it waits for the other's (a deadlock: the server aborts
+    one of them; seen as renew_failed with 1,000 runs in flight). Forced here: the run
+    with the larger id was created first (the renewal's index reads runs by creation), a
+    third connection holds one of the two rows (each in turn), the renewal queues on it
+    first, the batch behind it; then the row is let go."""
+    await create(pg_store, "dl01")
+    await create(pg_store, "dl00")
+    runs = await pg_store.claim("w1", 300.0, 2)
+    first, second = sorted((fence(r) for r in runs), key=lambda f: f.run_id)
+    assert (first.run_id, second.run_id) == ("dl00", "dl01")
+    hold = await locker(pg_url, held)
+    try:
+        writes = [_Write(f, _entry_rows([VALUE]),
+                         ("completed", "1", None) if batch == "finish_batch" else None)
+                  for f in (first, second)]
+        query, params = pg_store._batch(writes)
+        assert query in (Q[batch], FINISH_BATCH_JOBS)
+        base, schema = split_url(pg_url)
+        other = await psycopg.AsyncConnection.connect(
+            base, autocommit=True, options=f"-c search_path={schema}")
+        outcomes: dict[str, object] = {}
+
+        async def renew() -> None:
+            try:
+                outcomes["renew"] = await pg_store.renew("w1", [first, second], 300.0)
+            except Exception as exc:
+                outcomes["renew"] = exc
+
+        async def send_batch() -> None:
+            try:
+                cur = await other.execute(query, params)
+                outcomes["batch"] = await cur.fetchall()
+            except Exception as exc:
+                outcomes["batch"] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(renew)
+            await poll(lambda: blocked_by(pg_url, hold), timeout=10)
+            tg.start_soon(send_batch)
+            await poll(lambda: _waiting_two(pg_url, hold), timeout=10)
+            await hold.commit()  # the second run's row is free: both go on
+        await other.close()
+    finally:
+        await hold.close()
+    assert not isinstance(outcomes["renew"], Exception), outcomes["renew"]
+    assert not isinstance(outcomes["batch"], Exception), outcomes["batch"]
+    assert len(outcomes["batch"]) == 2  # type: ignore[arg-type]
+
+
+async def _waiting_two(url: str, hold: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+    """Whether two statements now wait for locks (the renewal for ``hold``'s row, the
+    batch for it or for a row the renewal holds)."""
+    base, _ = split_url(url)
+    async with await psycopg.AsyncConnection.connect(base, autocommit=True) as watcher:
+        cur = await watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND pid <> %s", (hold.info.backend_pid,))
+        row = await cur.fetchone()
+        return row is not None and int(row[0]) >= 2

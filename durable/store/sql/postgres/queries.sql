@@ -148,13 +148,24 @@ LEFT JOIN claimed AS c ON true
 ORDER BY c.run_at, c.created_at, c.id;
 
 -- name: renew
+-- The held runs are locked first, in id order, as by every statement that locks several
+-- runs (append_batch, finish_batch): a renewal and a group-commit batch that share runs
+-- cannot then each hold a row the other waits for (read by the runs' state index, the
+-- update locked them in creation order, and the server aborted one of the two).
+WITH held AS (
+    SELECT d.id FROM durable_runs AS d
+    JOIN unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS h(id, epoch)
+      ON d.id = h.id AND d.epoch = h.epoch
+    WHERE d.state = 'running' AND d.worker = %(worker)s AND d.lease_expires_at > %(now)s
+    ORDER BY d.id
+    FOR NO KEY UPDATE OF d
+)
 UPDATE durable_runs AS d
 SET lease_expires_at = %(now)s + %(lease)s,
     heartbeat_at = %(now)s,
     heartbeat_detail = coalesce(%(details)s::jsonb ->> d.id, d.heartbeat_detail)
-FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS h(id, epoch)
-WHERE d.id = h.id AND d.epoch = h.epoch
-  AND d.state = 'running' AND d.worker = %(worker)s AND d.lease_expires_at > %(now)s
+FROM held
+WHERE d.id = held.id
 RETURNING d.id, d.epoch, d.cancel_requested;
 
 -- name: append_entries
@@ -237,19 +248,26 @@ SELECT job FROM fence;
 
 -- name: finish_batch
 -- Group commit of finish_run: many attempts' finishes in one statement, each fenced on its
--- own (a refused one changes nothing); returns the jobs that finished their run.
+-- own (a refused one changes nothing); returns the jobs that finished their run. The runs
+-- are locked first, in id order (as append_batch and renew lock theirs), so two statements
+-- that share runs cannot deadlock on them.
 WITH jobs AS (
     SELECT * FROM unnest(%(job_run_ids)s::text[], %(job_epochs)s::bigint[],
                          %(job_states)s::text[], %(job_results)s::text[],
                          %(job_errors)s::text[])
         WITH ORDINALITY AS j(run_id, epoch, state, result, error, job)
+), fence AS (
+    SELECT j.job, d.id FROM durable_runs AS d
+    JOIN jobs AS j ON d.id = j.run_id AND d.epoch = j.epoch
+    WHERE d.state = 'running' AND d.lease_expires_at > %(now)s
+    ORDER BY d.id
+    FOR NO KEY UPDATE OF d
 ), run AS (
     UPDATE durable_runs AS d
     SET state = j.state, result = j.result, error = j.error, updated_at = %(now)s,
         worker = NULL, lease_expires_at = NULL
-    FROM jobs AS j
-    WHERE d.id = j.run_id AND d.epoch = j.epoch AND d.state = 'running'
-      AND d.lease_expires_at > %(now)s
+    FROM fence JOIN jobs AS j ON j.job = fence.job
+    WHERE d.id = fence.id
     RETURNING j.job, d.*
 ), journaled AS (
     INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
