@@ -147,6 +147,19 @@ class _CountingConnection(sqlite3.Connection):
         super().commit()
 
 
+def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of a connection, its wall time added to :class:`_TimedConnection`'s."""
+
+    def timed(self: sqlite3.Connection, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            _TimedConnection._add(t0)
+
+    return timed
+
+
 class _TimedConnection(_CountingConnection):
     """Also adds up the wall time spent in sqlite3's own calls (statements, commits) in
     the event loop's thread (the main thread here), for the timed run of the sequential
@@ -161,33 +174,10 @@ class _TimedConnection(_CountingConnection):
         if threading.current_thread() is threading.main_thread():
             _TimedConnection.seconds += time.perf_counter() - t0
 
-    def execute(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
-        t0 = time.perf_counter()
-        try:
-            return super().execute(*args)
-        finally:
-            _TimedConnection._add(t0)
-
-    def executemany(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
-        t0 = time.perf_counter()
-        try:
-            return super().executemany(*args)
-        finally:
-            _TimedConnection._add(t0)
-
-    def commit(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            super().commit()
-        finally:
-            _TimedConnection._add(t0)
-
-    def rollback(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            super().rollback()
-        finally:
-            _TimedConnection._add(t0)
+    execute = _timed(_CountingConnection.execute)
+    executemany = _timed(_CountingConnection.executemany)
+    commit = _timed(_CountingConnection.commit)
+    rollback = _timed(_CountingConnection.rollback)
 
 
 _FACTORY: list[type[sqlite3.Connection]] = [_CountingConnection]
