@@ -374,6 +374,26 @@ async def test_fenced_writes_are_refused_with_a_stale_epoch(store: Store) -> Non
     assert await journal_kinds(store, "r1") == [*before, "step_started", "step_completed"]
 
 
+async def test_a_long_append_is_journaled_whole_in_order_or_refused_whole(
+        store: Store) -> None:
+    """An append of many entries (6,000: more parameters than one SQLite statement may
+    take) is written in its order, all of it, or refused whole by a stale fence."""
+    db = getattr(store, "_db", None)
+    if db is not None:  # SQLite: the default limit of a build (32,766 parameters), not this
+        for conn in (db._conn, db._inline):  # build's own (Debian's: 250,000)
+            if conn is not None:
+                conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32_766)
+    await create(store, "r1")
+    run = await claim_one(store)
+    before = await journal_kinds(store, "r1")
+    entries = [JournalWrite(EntryKind.VALUE, data={"n": i}) for i in range(6_000)]
+    assert not await store.append(Fence("r1", run.epoch + 1), entries)
+    assert await journal_kinds(store, "r1") == before
+    assert await store.append(fence(run), entries)
+    written = [e for e in await store.journal("r1") if e.kind is EntryKind.VALUE]
+    assert [e.data["n"] for e in written] == list(range(6_000))
+
+
 async def test_journal_keeps_a_steps_try_apart_from_the_runs_attempt(store: Store) -> None:
     await create(store, "r1")
     run = await claim_one(store)

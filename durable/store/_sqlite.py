@@ -100,11 +100,24 @@ def _append_params(fence: Fence, entries: Sequence[JournalWrite], now: float) ->
     return params
 
 
+APPEND_CHUNK = 64
+"""The most entries one append_entries statement takes (3 + 6 x 64 parameters, well under
+SQLite's limit of 32,766; a longer append is several statements in its transaction)."""
+
+
 def _append_fenced(conn: sqlite3.Connection, n: int, params: Sequence[Any]) -> None:
-    """Run append_entries for ``n`` entries; raises _Fenced (nothing written) when the
-    fence refuses it."""
-    if n and conn.execute(_append_sql(n), params).rowcount != n:
-        raise _Fenced
+    """Run append_entries for ``n`` entries; raises _Fenced when the fence refuses it
+    (the first statement writes nothing then, and the transaction is rolled back)."""
+    if n <= APPEND_CHUNK:
+        if n and conn.execute(_append_sql(n), params).rowcount != n:
+            raise _Fenced
+        return
+    head = list(params[:3])
+    for start in range(0, n, APPEND_CHUNK):
+        size = min(APPEND_CHUNK, n - start)
+        chunk = head + list(params[3 + 6 * start:3 + 6 * (start + size)])
+        if conn.execute(_append_sql(size), chunk).rowcount != size:
+            raise _Fenced
 
 
 def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:
