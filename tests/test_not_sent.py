@@ -73,8 +73,14 @@ async def run_on(store: FlakyStore) -> tuple[durable.Run, list[int], list[str]]:
         async with running_worker(client, registry, lease=15) as worker:
             await client.start("ns.flow", id="r1")
             with anyio.fail_after(20):  # a bounded poll
-                while not (run := await client.get("r1")).state.finished and (
-                        store.refused < store.fail or worker.active):
+                while True:
+                    # whether the worker is done with it, seen before the run is read: an
+                    # attempt that ends between a read and this check would leave the read
+                    # stale (a finished run read as running)
+                    done = store.refused >= store.fail and not worker.active
+                    run = await client.get("r1")
+                    if run.state.finished or done:
+                        break
                     await anyio.sleep(0.02)
         kinds = [e.kind.value for e in await store.journal("r1")]
     finally:
