@@ -90,10 +90,10 @@ _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 class _Encoders(threading.local):
     """Each thread's C encoder of :data:`_ENCODE`'s options, made once per thread:
     ``JSONEncoder.encode`` makes a new one on every call, which cost more than encoding a
-    step's entry (docs/benchmarks.md, *A step's own cost*). Same text, same refusals (NaN
-    and infinities, circular references). One per thread: its record of the containers
-    it is inside (``markers``) lives from call to call, and another thread may run while
-    an encoding calls back into Python (:func:`_not_json`)."""
+    step's entry (docs/benchmarks.md, *Where a sequential step's time goes*). Same text,
+    same refusals (NaN and infinities, circular references). One per thread: its record
+    of the containers it is inside (``markers``) lives from call to call, and another
+    thread may run while an encoding calls back into Python (:func:`_not_json`)."""
 
     def __init__(self) -> None:
         self.markers: dict[int, object] = {}
