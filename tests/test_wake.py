@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -316,3 +317,66 @@ async def test_postgres_a_cancel_of_a_queued_run_wakes_another_processes_wait(
                 await read.wait()  # the wait saw the run queued: now only a signal helps
                 await operator.cancel(run.id)
         assert result[0].state is RunState.CANCELLED
+
+
+async def test_the_watcher_looks_less_often_while_its_own_process_commits(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """A process's own commits change ``data_version`` for its watcher too: while they come,
+    the watcher's looks are CHANGE_POLL_OWN apart (a sequential worker woke its event loop at
+    every 2 ms look otherwise); another process's commits keep the 2 ms looks, and so does
+    the process once it stops committing. Every change is still counted."""
+    flows(registry)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    async with opened(url) as mine, opened(url) as theirs:
+        watcher = mine.change_watcher()
+        assert watcher is not None
+        gaps: list[float] = []  # appended by the watcher's thread, in order
+
+        def recorded_sleep(gap: float) -> None:
+            gaps.append(gap)
+            time.sleep(gap)
+
+        watcher._sleep = recorded_sleep  # type: ignore[method-assign]
+        mine_client = durable.Client(mine, registry=registry)
+        theirs_client = durable.Client(theirs, registry=registry)
+        counted: list[int] = []
+
+        async def keep_waiting() -> None:  # a waiter keeps the watcher's thread running
+            seen = watcher.count
+            while True:
+                seen = await watcher.wait(seen, LONG)
+                counted.append(seen)
+
+        async def commit_until(client: durable.Client, done: Callable[[], bool],
+                               prefix: str) -> None:
+            i = 0
+            with anyio.fail_after(BOUND):
+                while not done():
+                    await client.start("wake.sum", id=f"{prefix}{i}")
+                    i += 1
+                    await anyio.sleep(0.001)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_waiting)
+            await poll(lambda: gaps, timeout=BOUND)
+            # another process commits: changes at every look, and looks 2 ms apart
+            start = len(gaps)
+            await commit_until(theirs_client, lambda: len(gaps) >= start + 10, "theirs-")
+            assert set(gaps[start:]) <= {_wake.CHANGE_POLL, _wake.CHANGE_POLL_IDLE}
+            assert counted  # their changes reached the waiter
+            # this process commits: the looks move apart (never more than that gap)
+            start = len(gaps)
+            await commit_until(mine_client,
+                               lambda: _wake.CHANGE_POLL_OWN in gaps[start:], "mine-")
+            assert max(gaps[start:]) == _wake.CHANGE_POLL_OWN
+            # it stopped: the next looks are 2 ms apart again
+            start = len(gaps)
+            await poll(lambda: _wake.CHANGE_POLL in gaps[start:], timeout=BOUND)
+            tg.cancel_scope.cancel()
+
+
+def test_look_gap() -> None:
+    assert _wake.look_gap(0.0, own_commits=False) == _wake.CHANGE_POLL
+    assert _wake.look_gap(_wake.BUSY_SPELL + 1, own_commits=False) == _wake.CHANGE_POLL_IDLE
+    assert _wake.look_gap(0.0, own_commits=True) == _wake.CHANGE_POLL_OWN
+    assert _wake.look_gap(_wake.BUSY_SPELL + 1, own_commits=True) == _wake.CHANGE_POLL_OWN

@@ -363,8 +363,14 @@ class SqliteStore(Store):
         if self._db is None or self.path == ":memory:":
             return None
         if self._watcher is None:
-            self._watcher = _wake.ChangeWatcher(self._watch_reader)
+            self._watcher = _wake.ChangeWatcher(self._watch_reader, self._own_writes)
         return self._watcher
+
+    def _own_writes(self) -> int:
+        """This process's write transactions through this store (its own commits change
+        ``data_version`` for the watcher too)."""
+        db = self._db
+        return 0 if db is None else db.writes
 
     def _watch_reader(self) -> Callable[[], object]:
         if self._watch is not None:

@@ -165,6 +165,16 @@ class DbThread:
         self._ended = False
         self.inline_jobs = 0
         self.thread_jobs = 0
+        # write transactions begun, inline and in the thread (each counter moved by one
+        # thread only): the change watcher's sign that this process is committing
+        self._inline_writes = 0
+        self._thread_writes = 0
+
+    @property
+    def writes(self) -> int:
+        """Write transactions begun so far through this thread, inline or not (each one
+        commits, or rolls back and wrote nothing)."""
+        return self._inline_writes + self._thread_writes
 
     def start(self) -> None:
         """Connect in the calling thread (errors surface here), then start the thread."""
@@ -209,6 +219,7 @@ class DbThread:
             for job in batch:
                 job.error = exc
             return True
+        self._inline_writes += 1
         _run_batch(conn, batch)
         self._inline_commits += 1
         if self._inline_commits >= CHECKPOINT_EVERY:
@@ -383,6 +394,7 @@ class DbThread:
             for j in jobs:
                 j.error = exc
             return
+        self._thread_writes += 1
         _run_batch(conn, jobs)
 
 
