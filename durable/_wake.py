@@ -41,10 +41,12 @@ CHANGE_POLL_IDLE = 0.005
 """Seconds between two looks once nothing changed for :data:`BUSY_SPELL` seconds."""
 
 CHANGE_POLL_OWN = 0.02
-"""Seconds between two looks while this process commits itself: its own commits change the
-token too, so a busy process would otherwise see a change at every look and wake its event
-loop for each (every 2 ms: a sequential worker lost about 12 % of its steps to it).
-What it learns from others, it learns at most this much later (a cancel, new work)."""
+"""Seconds between two looks while this process commits itself and every waiter is
+patient (a worker with no free slot, waiting only for cancels): its own commits change the
+token too, so a busy worker saw a change at every 2 ms look and woke its event loop each
+time (a sequential worker lost about 12 % of its steps to it). An impatient waiter (a
+client waiting for a run, a worker with a free slot) cuts such a wait short; with one, or
+when the process did not commit since the last look, the looks are 2 ms apart as before."""
 
 BUSY_SPELL = 1.0
 
@@ -160,15 +162,6 @@ def hub(store: Store) -> Hub:
     return found
 
 
-def look_gap(since_change: float, own_commits: bool) -> float:
-    """Seconds a :class:`ChangeWatcher` waits before its next look: :data:`CHANGE_POLL` near
-    a change, :data:`CHANGE_POLL_IDLE` once quiet, :data:`CHANGE_POLL_OWN` when the process
-    itself committed since the last look."""
-    if own_commits:
-        return CHANGE_POLL_OWN
-    return CHANGE_POLL_IDLE if since_change > BUSY_SPELL else CHANGE_POLL
-
-
 class ChangeWatcher:
     """A thread that looks at a cheap change token every :data:`CHANGE_POLL` seconds and
     counts the changes on the event loop (:attr:`count`), waking :meth:`wait` at once.
@@ -179,19 +172,19 @@ class ChangeWatcher:
     while somebody waits and ends :data:`WATCH_IDLE_STOP` seconds after the last waiter;
     when it starts again, it counts one change (anything may have happened meanwhile).
 
-    ``own_commits`` counts this process's own commits to the store: while it moves, the
-    looks are :data:`CHANGE_POLL_OWN` apart (the token cannot tell whose commit it was, so
-    every change still counts; only the next look comes later).
+    ``own_commits`` counts this process's own commits to the store: while it moves and
+    every waiter is patient, the looks are :data:`CHANGE_POLL_OWN` apart.
     """
 
     def __init__(self, connect: Callable[[], Callable[[], object]],
                  own_commits: Callable[[], int] | None = None) -> None:
         self._connect = connect
         self._own_commits = own_commits or (lambda: 0)
-        self._sleep = time.sleep  # the thread's wait between two looks (tests record it)
         self.count = 0
         self._beacon = Beacon()
         self._waiters = 0
+        self._impatient = 0
+        self._nudge = threading.Event()  # an impatient waiter came: look now
         self._idle_since = 0.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -215,14 +208,15 @@ class ChangeWatcher:
                token: anyio.lowlevel.EventLoopToken) -> None:
         changed = time.monotonic()
         own = self._own_commits()
-        own_moved = False
+        ours = False  # this process committed since the last look
         while not self._stop.is_set():
-            # time.sleep: half the CPU of Event.wait(timeout) per look
-            self._sleep(look_gap(time.monotonic() - changed, own_moved))
-            now_own = self._own_commits()
-            own_moved, own = now_own != own, now_own
+            quiet = time.monotonic() - changed > BUSY_SPELL
+            self._pause(CHANGE_POLL_OWN if ours and not self._impatient
+                        else CHANGE_POLL_IDLE if quiet else CHANGE_POLL)
             if self._waiters == 0 and time.monotonic() - self._idle_since > WATCH_IDLE_STOP:
                 return
+            now_own = self._own_commits()
+            ours, own = now_own != own, now_own
             try:
                 value = read()
             except Exception:  # busy or gone: no signal this look (waits keep their poll)
@@ -234,25 +228,42 @@ class ChangeWatcher:
                 except RuntimeError:  # the event loop is gone
                     return
 
+    def _pause(self, seconds: float) -> None:
+        """The wait before the next look (in the thread; a test steps it)."""
+        if seconds < CHANGE_POLL_OWN:
+            time.sleep(seconds)  # half the CPU of Event.wait(timeout) per look
+            return
+        self._nudge.wait(seconds)  # an impatient waiter may cut it short
+        self._nudge.clear()
+
     def _bump(self) -> None:
         self.count += 1
         self._beacon.fire()
 
-    async def wait(self, seen: int, timeout: float) -> int:
-        """Return :attr:`count` once it differs from ``seen``, or after ``timeout``."""
+    async def wait(self, seen: int, timeout: float, *, patient: bool = False) -> int:
+        """Return :attr:`count` once it differs from ``seen``, or after ``timeout``.
+
+        ``patient``: a change may reach this waiter up to :data:`CHANGE_POLL_OWN` seconds
+        late while the process commits itself (a worker with no free slot)."""
         self.start()
         self._waiters += 1
+        if not patient:
+            self._impatient += 1
+            self._nudge.set()
         try:
             with anyio.move_on_after(timeout):
                 while self.count == seen:
                     await self._beacon.wait(self._beacon.generation)
         finally:
             self._waiters -= 1
+            if not patient:
+                self._impatient -= 1
             self._idle_since = time.monotonic()
         return self.count
 
     async def stop(self) -> None:
         thread, self._thread = self._thread, None
         self._stop.set()
+        self._nudge.set()  # out of a long pause
         if thread is not None:  # joined off the loop: the thread may be calling into it
             await anyio.to_thread.run_sync(thread.join)

@@ -548,7 +548,9 @@ class Worker:
         looked = -BUSY_LOOK_GAP
         while True:
             try:
-                await self.store.wait_for_work(30.0, self.worker_id)
+                # no free slot: only a cancel can matter, and it may come a little later
+                full = len(self.active) + len(self.pending) >= self.concurrency
+                await self.store.wait_for_work(30.0, self.worker_id, patient=full)
             except StoreError as exc:
                 self.log.error("listen_failed", error=str(exc))
                 await anyio.sleep(self.poll_interval)

@@ -4,11 +4,12 @@ the waiter; none asserts a time."""
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -319,64 +320,116 @@ async def test_postgres_a_cancel_of_a_queued_run_wakes_another_processes_wait(
         assert result[0].state is RunState.CANCELLED
 
 
-async def test_the_watcher_looks_less_often_while_its_own_process_commits(
+async def test_a_patient_waiter_lets_the_watcher_look_less_often_while_its_process_commits(
         tmp_path: Path, registry: durable.Registry) -> None:
-    """A process's own commits change ``data_version`` for its watcher too: while they come,
-    the watcher's looks are CHANGE_POLL_OWN apart (a sequential worker woke its event loop at
-    every 2 ms look otherwise); another process's commits keep the 2 ms looks, and so does
-    the process once it stops committing. Every change is still counted."""
+    """A process's own commits change ``data_version`` for its watcher too. While the process
+    commits and every waiter is patient (a worker with no free slot), the looks are
+    CHANGE_POLL_OWN apart instead of CHANGE_POLL (a sequential worker woke its event loop at
+    every 2 ms look otherwise); another process's commits, an impatient waiter, or the end of
+    its own commits bring the 2 ms looks back. Every change is still signalled. The
+    watcher's looks are stepped one by one (its pause waits for the test), so what happens
+    before each look is chosen by the test."""
     flows(registry)
     url = f"sqlite:///{tmp_path / 'w.db'}"
     async with opened(url) as mine, opened(url) as theirs:
         watcher = mine.change_watcher()
         assert watcher is not None
-        gaps: list[float] = []  # appended by the watcher's thread, in order
+        pauses: queue.Queue[float] = queue.Queue()
+        go: queue.Queue[None] = queue.Queue()
+        real_pause = watcher._pause
 
-        def recorded_sleep(gap: float) -> None:
-            gaps.append(gap)
-            time.sleep(gap)
+        def stepped_pause(seconds: float) -> None:
+            pauses.put(seconds)
+            go.get()
 
-        watcher._sleep = recorded_sleep  # type: ignore[method-assign]
-        mine_client = durable.Client(mine, registry=registry)
-        theirs_client = durable.Client(theirs, registry=registry)
-        counted: list[int] = []
+        watcher._pause = stepped_pause  # type: ignore[method-assign]
+        clients = {"mine": durable.Client(mine, registry=registry),
+                   "theirs": durable.Client(theirs, registry=registry)}
+        started = 0
 
-        async def keep_waiting() -> None:  # a waiter keeps the watcher's thread running
+        async def look(*committers: str) -> tuple[float, int]:
+            """One look of the watcher after these commits: the pause it takes next, and
+            the changes it signalled."""
+            nonlocal started
+            for name in committers:
+                await clients[name].start("wake.sum", id=f"r{started}")
+                started += 1
+            before = watcher.count
+            go.put(None)  # the watcher looks, signals (or not), then pauses again
+            pause = await anyio.to_thread.run_sync(pauses.get)
+            return pause, watcher.count - before
+
+        async def keep_waiting(patient: bool) -> None:
             seen = watcher.count
             while True:
-                seen = await watcher.wait(seen, LONG)
-                counted.append(seen)
+                seen = await watcher.wait(seen, LONG, patient=patient)
 
-        async def commit_until(client: durable.Client, done: Callable[[], bool],
-                               prefix: str) -> None:
-            i = 0
+        own, poll_ = _wake.CHANGE_POLL_OWN, _wake.CHANGE_POLL
+        try:
             with anyio.fail_after(BOUND):
-                while not done():
-                    await client.start("wake.sum", id=f"{prefix}{i}")
-                    i += 1
-                    await anyio.sleep(0.001)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(keep_waiting, True)
+                    await anyio.to_thread.run_sync(pauses.get)  # the first pause
+                    assert await look("theirs") == (poll_, 1)
+                    assert await look("mine") == (own, 1)
+                    assert await look("mine") == (own, 1)
+                    assert await look("mine", "theirs") == (own, 1)  # it cannot tell
+                    assert await look("theirs") == (poll_, 1)
+                    assert await look("mine") == (own, 1)
+                    assert await look() == (poll_, 0)  # it stopped committing
+                    # an impatient waiter (a client waiting for a run): 2 ms looks
+                    impatient = anyio.CancelScope()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(keep_waiting)
-            await poll(lambda: gaps, timeout=BOUND)
-            # another process commits: changes at every look, and looks 2 ms apart
-            start = len(gaps)
-            await commit_until(theirs_client, lambda: len(gaps) >= start + 10, "theirs-")
-            assert set(gaps[start:]) <= {_wake.CHANGE_POLL, _wake.CHANGE_POLL_IDLE}
-            assert counted  # their changes reached the waiter
-            # this process commits: the looks move apart (never more than that gap)
-            start = len(gaps)
-            await commit_until(mine_client,
-                               lambda: _wake.CHANGE_POLL_OWN in gaps[start:], "mine-")
-            assert max(gaps[start:]) == _wake.CHANGE_POLL_OWN
-            # it stopped: the next looks are 2 ms apart again
-            start = len(gaps)
-            await poll(lambda: _wake.CHANGE_POLL in gaps[start:], timeout=BOUND)
-            tg.cancel_scope.cancel()
+                    async def wait_impatiently() -> None:
+                        with impatient:
+                            await keep_waiting(False)
+
+                    tg.start_soon(wait_impatiently)
+                    await poll(lambda: watcher._impatient == 1, timeout=BOUND)
+                    assert await look("mine") == (poll_, 1)
+                    impatient.cancel()
+                    await poll(lambda: watcher._impatient == 0, timeout=BOUND)
+                    assert await look("mine") == (own, 1)
+                    tg.cancel_scope.cancel()
+        finally:  # the watcher's thread goes on as usual (the store's close joins it)
+            watcher._pause = real_pause  # type: ignore[method-assign]
+            go.put(None)
 
 
-def test_look_gap() -> None:
-    assert _wake.look_gap(0.0, own_commits=False) == _wake.CHANGE_POLL
-    assert _wake.look_gap(_wake.BUSY_SPELL + 1, own_commits=False) == _wake.CHANGE_POLL_IDLE
-    assert _wake.look_gap(0.0, own_commits=True) == _wake.CHANGE_POLL_OWN
-    assert _wake.look_gap(_wake.BUSY_SPELL + 1, own_commits=True) == _wake.CHANGE_POLL_OWN
+async def test_an_impatient_waiter_cuts_a_long_pause_short(tmp_path: Path) -> None:
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        watcher = store.change_watcher()
+        assert watcher is not None
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(anyio.to_thread.run_sync, watcher._pause, LONG,
+                                      abandon_on_cancel=True))
+                await watcher.wait(watcher.count, 0.001)  # impatient, gone at once
+
+
+@pytest.mark.parametrize(("concurrency", "impatient"), [(1, 0), (2, 1)])
+async def test_a_worker_waits_patiently_only_with_no_free_slot(
+        tmp_path: Path, registry: durable.Registry, concurrency: int, impatient: int) -> None:
+    """The worker's wait for work is patient while all its slots are taken (only a cancel
+    can matter then), impatient with a slot free (new work is wanted at once)."""
+    release = anyio.Event()
+
+    @durable.activity(registry=registry)
+    async def hold(ctx: durable.ActivityContext) -> None:
+        await release.wait()
+
+    @durable.workflow("wake.hold", registry=registry)
+    async def holding(ctx: durable.WorkflowContext) -> None:
+        await hold(ctx)
+
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        watcher = store.change_watcher()
+        assert watcher is not None
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry, concurrency=concurrency) as worker:
+            await client.start("wake.hold", id="held")
+            await poll(lambda: worker.active and watcher._waiters == 1, timeout=BOUND)
+            # the notify loop waits again after the claim's change: as it would now
+            await poll(lambda: watcher._impatient == impatient, timeout=BOUND)
+            release.set()
+            await client.wait("held", poll=LONG)

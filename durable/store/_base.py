@@ -198,7 +198,8 @@ class Store(abc.ABC):
         watcher.start()
         return watcher.count
 
-    async def wait_for_work(self, timeout: float, worker: str | None = None) -> None:
+    async def wait_for_work(self, timeout: float, worker: str | None = None, *,
+                            patient: bool = False) -> None:
         """Return when work may be waiting for this process's worker (a run queued, a cancel
         requested: something another process committed), or after ``timeout`` seconds.
 
@@ -207,13 +208,16 @@ class Store(abc.ABC):
         per store (the worker's). ``worker``: the waiting worker's id, for a store whose
         signal says what changed (PostgreSQL skips the changes that worker's last claim
         saw); the default waits on :meth:`change_watcher`, which says nothing of the kind.
+        ``patient``: the caller can take a change up to ``durable._wake.CHANGE_POLL_OWN``
+        seconds late while its process commits itself (a worker with no free slot, which
+        waits only for cancels): the watcher then looks less often.
         """
         watcher = self.change_watcher()
         if watcher is None:
             await anyio.sleep(timeout)
             return
         seen = self._work_seen if isinstance(self._work_seen, int) else -1
-        self._work_seen = await watcher.wait(seen, timeout)
+        self._work_seen = await watcher.wait(seen, timeout, patient=patient)
 
     async def wait_for_finished(self, run_id: str, timeout: float,
                                 since: object = None) -> None:

@@ -1099,7 +1099,8 @@ class PostgresStore(Store):
             {"ids": list(run_ids)})
         return {str(r["id"]) for r in rows}
 
-    async def wait_for_work(self, timeout: float, worker: str | None = None) -> None:
+    async def wait_for_work(self, timeout: float, worker: str | None = None, *,
+                            patient: bool = False) -> None:
         """Return when work may be waiting, or after ``timeout`` seconds at the latest.
 
         Work is a run queued (created, requeued, released, recovered), a cancel requested,
@@ -1107,6 +1108,7 @@ class PostgresStore(Store):
         ``durable_work`` when such a change commits. The first call (and the first after
         the listening connection was lost) subscribes on a dedicated connection and
         returns at once, so a caller that polls after every return misses nothing.
+        ``patient`` changes nothing here (a notification is sent, not looked for).
         Notifications that arrive while nobody waits are kept, and one return consumes
         all that are pending. Never raises for a lost connection: it waits out the timeout
         and subscribes again on the next call (plain polling meanwhile).
