@@ -233,8 +233,14 @@ class ChangeWatcher:
         if seconds < CHANGE_POLL_OWN:
             time.sleep(seconds)  # half the CPU of Event.wait(timeout) per look
             return
-        self._nudge.wait(seconds)  # an impatient waiter may cut it short
-        self._nudge.clear()
+        began = time.monotonic()
+        if self._nudge.wait(seconds):
+            # an impatient waiter came: the pause ends as a CHANGE_POLL one would (a look
+            # at once would mostly see the commit the waiter just made, a wake for nothing)
+            self._nudge.clear()
+            rest = began + CHANGE_POLL - time.monotonic()
+            if rest > 0:
+                time.sleep(rest)
 
     def _bump(self) -> None:
         self.count += 1
