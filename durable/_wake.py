@@ -45,8 +45,9 @@ CHANGE_POLL_OWN = 0.02
 patient (a worker with no free slot, waiting only for cancels): its own commits change the
 token too, so a busy worker saw a change at every 2 ms look and woke its event loop each
 time (a sequential worker lost about 12 % of its steps to it). An impatient waiter (a
-client waiting for a run, a worker with a free slot) cuts such a wait short; with one, or
-when the process did not commit since the last look, the looks are 2 ms apart as before."""
+client waiting for a run, a worker with a free slot) cuts such a pause down to the
+:data:`CHANGE_POLL` it would have been; with one, or when the process did not commit since
+the last look, the looks are 2 ms apart as before."""
 
 BUSY_SPELL = 1.0
 
@@ -184,7 +185,7 @@ class ChangeWatcher:
         self._beacon = Beacon()
         self._waiters = 0
         self._impatient = 0
-        self._nudge = threading.Event()  # an impatient waiter came: look now
+        self._nudge = threading.Event()  # an impatient waiter came: end a long pause
         self._idle_since = 0.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
