@@ -428,8 +428,8 @@ async def test_a_worker_waits_patiently_only_with_no_free_slot(
         client = durable.Client(store, registry=registry)
         async with worker_on(store, registry, concurrency=concurrency) as worker:
             await client.start("wake.hold", id="held")
-            await poll(lambda: worker.active and watcher._waiters == 1, timeout=BOUND)
-            # the notify loop waits again after the claim's change: as it would now
-            await poll(lambda: watcher._impatient == impatient, timeout=BOUND)
+            # the notify loop waiting (its only waiter), as it waits with the run held
+            await poll(lambda: bool(worker.active) and watcher._waiters == 1
+                       and watcher._impatient == impatient, timeout=BOUND)
             release.set()
             await client.wait("held", poll=LONG)
