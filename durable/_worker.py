@@ -289,7 +289,7 @@ class Worker:
     async def _claim_loop(self, runs: TaskGroup, transport: httpx.AsyncBaseTransport) -> None:
         failures = 0
         while not self._stopping:
-            free = self.concurrency - len(self.active) - len(self.pending)
+            free = self._free_slots()
             claimed: list[Run] = []
             if free > 0:
                 sent, sent_boot = anyio.current_time(), _clock.boottime()
@@ -340,6 +340,10 @@ class Worker:
             with anyio.move_on_after(wait):
                 await self._wake.wait()
             self._wake = anyio.Event()
+
+    def _free_slots(self) -> int:
+        """Runs this worker may take on now (its attempts running or claiming count)."""
+        return self.concurrency - len(self.active) - len(self.pending)
 
     def _claimed(self, took: frozenset[str]) -> None:
         """A claim ended, having taken the runs ``took``: the runs :meth:`wake` was told of
@@ -549,8 +553,8 @@ class Worker:
         while True:
             try:
                 # no free slot: only a cancel can matter, and it may come a little later
-                full = len(self.active) + len(self.pending) >= self.concurrency
-                await self.store.wait_for_work(30.0, self.worker_id, patient=full)
+                await self.store.wait_for_work(30.0, self.worker_id,
+                                               patient=self._free_slots() <= 0)
             except StoreError as exc:
                 self.log.error("listen_failed", error=str(exc))
                 await anyio.sleep(self.poll_interval)

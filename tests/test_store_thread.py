@@ -242,3 +242,45 @@ async def test_a_lease_lost_while_the_first_writer_gathers_its_batch_still_commi
         await anyio.to_thread.run_sync(db.stop)
     assert got["b"] == "b"
     assert names(path) == ["a", "b"]
+
+
+async def test_inline_commits_are_checkpointed_every_checkpoint_every_and_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CHECKPOINT_EVERY inline write transactions, the database thread checkpoints
+    the WAL (the inline connection never does: its autocheckpoint is off); every write
+    transaction, inline or in the thread, counts in ``writes`` (the change watcher's sign
+    that the process commits)."""
+    from durable.store import _thread
+
+    monkeypatch.setattr(_thread, "CHECKPOINT_EVERY", 3)
+    path = tmp_path / "t.db"
+    make_table(path)
+    db = DbThread(connector(path), busy_retry=1.0, connect_inline=connector(path))
+    db.start()
+    db.start_inline()
+    try:
+        for i in range(2):
+            await db.run(insert(f"a{i}"))
+        assert db.writes == 2 and db.thread_jobs == 0
+        assert in_database_file(path) == []  # in the WAL only
+        await db.run(insert("a2"))  # the third: the thread checkpoints
+        assert db.writes == 3 and db.thread_jobs == 1
+        await poll(lambda: in_database_file(path) == ["a0", "a1", "a2"], timeout=10)
+        assert await db.run(lambda conn: conn.execute("SELECT 1").fetchone()[0],
+                            write=False) == 1
+        assert db.writes == 3  # a read is no write
+    finally:
+        await anyio.to_thread.run_sync(db.stop)
+    assert names(path) == ["a0", "a1", "a2"]
+
+
+def in_database_file(path: Path) -> list[str] | None:
+    """The rows in the database file itself, the WAL left unread (what a checkpoint moved);
+    None if the read met the file half-written by a checkpoint under way."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return sorted(r[0] for r in conn.execute("SELECT name FROM t"))
+    except sqlite3.DatabaseError:
+        return None
+    finally:
+        conn.close()

@@ -156,7 +156,6 @@ class DbThread:
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._inline: sqlite3.Connection | None = None
-        self._inline_commits = 0
         self._pending: list[_Job[Any]] = []
         self._flushing = False
         # held to hand a job to the thread, and by the thread when it ends: no job is
@@ -221,9 +220,7 @@ class DbThread:
             return True
         self._inline_writes += 1
         _run_batch(conn, batch)
-        self._inline_commits += 1
-        if self._inline_commits >= CHECKPOINT_EVERY:
-            self._inline_commits = 0
+        if self._inline_writes % CHECKPOINT_EVERY == 0:
             self._to_thread(_Job(_checkpoint, write=False))
         return True
 
