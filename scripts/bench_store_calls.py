@@ -29,26 +29,18 @@ from typing import Any
 
 import anyio
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import bench  # noqa: E402  (scripts/bench.py: its workflow, and its checkout on sys.path)
 
 import durable  # noqa: E402
 from durable._types import EntryKind, Fence, Finish, JournalWrite, RunState  # noqa: E402
 
-STEPS = 5
-WORKFLOW = "bench.calls"
-REGISTRY = durable.Registry()
-
-
-@durable.activity(name="bench.calls.noop", registry=REGISTRY)
-async def noop(ctx: durable.ActivityContext, i: int) -> int:
-    return i
-
-
-@durable.workflow(WORKFLOW, registry=REGISTRY)
-async def calls_workflow(ctx: durable.WorkflowContext) -> int:
-    return sum([await noop(ctx, i) for i in range(STEPS)])
+STEPS = bench.STEPS
+WORKFLOW = "bench.steps"  # bench.steps_workflow: STEPS idempotent no-op steps
+ACTIVITY = "bench.noop"
 
 
 class _Timing:
@@ -101,9 +93,9 @@ class _TimedConnection(sqlite3.Connection):
 def _step_entries(step: int) -> list[JournalWrite]:
     """A step's completion (the one before) and the next step's start, as the engine makes
     them for an idempotent activity (its completion deferred to the next write)."""
-    done = JournalWrite(EntryKind.STEP_COMPLETED, step - 1, None, "bench.calls.noop", 1,
+    done = JournalWrite(EntryKind.STEP_COMPLETED, step - 1, None, ACTIVITY, 1,
                         {"result": step - 1, "summary": None, "ended_at": time.time()})
-    started = JournalWrite(EntryKind.STEP_STARTED, step, None, "bench.calls.noop", 1,
+    started = JournalWrite(EntryKind.STEP_STARTED, step, None, ACTIVITY, 1,
                            {"args": [step]})
     return [done, started]
 
@@ -130,16 +122,16 @@ async def measure(runs: int, drop: list[str]) -> dict[str, Any]:
         finally:
             sqlite3.connect = real_connect
         try:
-            client = durable.Client(store, registry=REGISTRY)
+            client = durable.Client(store, registry=bench.REGISTRY)
             for i in range(runs):
-                await client.start(WORKFLOW, id=f"calls-{i:06d}")
+                await client.start(bench.steps_workflow, STEPS, False, id=f"calls-{i:06d}")
             workflows = [WORKFLOW]
             carried: tuple[Finish, ...] = ()
             TIMING.on = True
             t0 = time.perf_counter()
             for _ in range(runs):
                 [run] = await store.claimable("bench", 1, workflows=workflows)
-                first = [JournalWrite(EntryKind.STEP_STARTED, 1, None, "bench.calls.noop", 1,
+                first = [JournalWrite(EntryKind.STEP_STARTED, 1, None, ACTIVITY, 1,
                                       {"args": [1]})]
                 outcome = await store.claim_with("bench", 30.0, run.id, run.attempt + 1,
                                                  first, carried, workflows)

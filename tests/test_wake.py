@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -397,6 +398,8 @@ async def test_a_patient_waiter_lets_the_watcher_look_less_often_while_its_proce
 
 
 async def test_an_impatient_waiter_cuts_a_long_pause_short(tmp_path: Path) -> None:
+    """An impatient waiter ends a long pause, at the earliest where a CHANGE_POLL pause would
+    have ended (a look at once mostly sees the commit that waiter just made)."""
     async with opened(f"sqlite:///{tmp_path / 'w.db'}") as store:
         watcher = store.change_watcher()
         assert watcher is not None
@@ -405,6 +408,12 @@ async def test_an_impatient_waiter_cuts_a_long_pause_short(tmp_path: Path) -> No
                 tg.start_soon(partial(anyio.to_thread.run_sync, watcher._pause, LONG,
                                       abandon_on_cancel=True))
                 await watcher.wait(watcher.count, 0.001)  # impatient, gone at once
+            # nudged before it began: it still lasts a CHANGE_POLL pause (a lower bound on
+            # a sleep, which never ends early)
+            watcher._nudge.set()
+            began = time.monotonic()
+            await anyio.to_thread.run_sync(watcher._pause, LONG, abandon_on_cancel=True)
+            assert time.monotonic() - began >= _wake.CHANGE_POLL
 
 
 @pytest.mark.parametrize(("concurrency", "impatient"), [(1, 0), (2, 1)])
