@@ -198,7 +198,7 @@ class Counter:
     Jobs are counted by wrapping the SQLite store's ``DbThread.run``, inline jobs read from
     its ``inline_jobs`` counter, commits by the connections' ``commit()`` (the engine's
     connections are opened while :func:`counting_commits` is active). On PostgreSQL a job
-    is one checkout of a pooled connection (``PostgresStore._connection``). Private API: a
+    is one checkout of a pooled connection (``PostgresStore._checkout``). Private API: a
     benchmark may peek; counts stay zero where there is nothing to count.
     """
 
@@ -210,9 +210,9 @@ class Counter:
         self._db: Any = None
 
     def attach(self, store: durable.Store) -> None:
-        connection = getattr(store, "_connection", None)
-        if getattr(store, "_db", None) is None and connection is not None:
-            self._attach_pool(store, connection)
+        checkout = getattr(store, "_checkout", None)
+        if getattr(store, "_db", None) is None and checkout is not None:
+            self._attach_pool(store, checkout)
             return
         db = getattr(store, "_db", None)
         if db is None:
@@ -228,18 +228,17 @@ class Counter:
 
         db.run = counting_run
 
-    def _attach_pool(self, store: durable.Store, connection: Any) -> None:
-        """PostgreSQL: a job is one checkout of a pooled connection (a statement, and its
-        commit: the store's connections are autocommit). Nothing runs inline there."""
+    def _attach_pool(self, store: durable.Store, checkout: Any) -> None:
+        """PostgreSQL: a job is one checkout of a pooled connection (a statement, or a
+        group commit's batch statement). Nothing runs inline there; its commits are counted
+        by the server (:func:`pg_next_xid`)."""
         counter = self
 
-        @contextlib.asynccontextmanager
-        async def counting_connection() -> Any:
+        async def counting_checkout(pool: Any) -> Any:
             counter.jobs += 1
-            async with connection() as conn:
-                yield conn
+            return await checkout(pool)
 
-        store._connection = counting_connection  # type: ignore[attr-defined]
+        store._checkout = counting_checkout  # type: ignore[attr-defined]
 
     def snapshot(self) -> dict[str, int]:
         return {"jobs": self.jobs, "write_jobs": self.write_jobs,
@@ -311,6 +310,7 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
         watch_finishes(store, finish)  # also those carried by the next run's claim
         worker = durable.Worker(store, registry=REGISTRY, concurrency=concurrency,
                                 poll_interval=0.05)
+        xids = await pg_next_xid(url) if postgres else 0  # before the worker's first write
         async with anyio.create_task_group() as tg:
             t_start = time.perf_counter()
             await tg.start(worker.run)
@@ -323,13 +323,15 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
             cpu_s = time.process_time() - cpu1
             sql_s = _TimedConnection.seconds - sql_before
             after = counter.snapshot()
+            if postgres:
+                xids = await pg_next_xid(url) - xids
             worker.shutdown()
     finally:
         await store.aclose()
 
     counts = {name: after[name] - before[name] for name in Counter.FIELDS}
-    if postgres:  # no commit counter there: every checkout is an autocommit statement
-        counts["commits"] = counts["jobs"]
+    if postgres:  # the server's count: transactions that wrote (its worker start-up too)
+        counts["commits"] = xids
     completed, journaled = verify(url, prefix)
     if completed != runs or journaled != runs * STEPS:
         raise SystemExit(f"{label}: expected {runs} completed runs and {runs * STEPS} "
@@ -360,6 +362,21 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
 COUNT_COMPLETED = "SELECT count(*) FROM durable_runs WHERE id LIKE {} AND state = 'completed'"
 COUNT_JOURNALED = ("SELECT count(*) FROM durable_journal WHERE run_id LIKE {} "
                    "AND kind = 'step_completed'")
+
+
+async def pg_next_xid(url: str) -> int:
+    """The transaction id PostgreSQL gives next (read on a connection of its own, without
+    taking one): its growth counts the server's write transactions, each of them a commit
+    (a read-only statement gets no id). Every write transaction on the server counts,
+    whoever sends it: nothing else writes while a workload drains."""
+    import psycopg
+
+    # the server's counter: the URL without its query (the store's options, its schema)
+    async with await psycopg.AsyncConnection.connect(url.partition("?")[0],
+                                                     autocommit=True) as conn:
+        cur = await conn.execute("SELECT txid_snapshot_xmax(txid_current_snapshot())")
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 def is_postgres(url: str) -> bool:
