@@ -1,7 +1,8 @@
 """A claim that rides on the attempt's first journal write (docs/design.md, "One commit per
 step").
 
-A worker whose store says so (:attr:`durable.store.Store.claims_ride_on_writes`: SQLite)
+A worker whose store says so (:attr:`durable.store.Store.claims_ride_on_writes`: SQLite,
+PostgreSQL)
 claims a run that never started in two parts: a read of what a claim would take
 (:meth:`~durable.store.Store.claimable`), then the attempt runs its workflow code up to its
 first journal write, and that write commits the claim and the entries in one transaction

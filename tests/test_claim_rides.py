@@ -28,6 +28,7 @@ from durable.store._sqlite import SqliteStore
 
 from . import rideflows
 from .helpers import kinds, poll, python_process, running_worker
+from .pg import TRIO_SKIP, pg_url, postgres_server  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.anyio
 
@@ -71,6 +72,28 @@ def steps_registry(calls: list[int] | None = None) -> tuple[durable.Registry, An
     return registry, steps
 
 
+async def run_one_at_a_time(client: durable.Client, registry: durable.Registry,
+                            workflow: Any, steps: int, runs: int,
+                            commits: Callable[[], int] = lambda: 0) -> int:
+    """Queue ``runs`` runs of ``steps`` steps, run them one at a time to their results (no
+    renewal falls in the block: only the runs' own commits are made), check a journal;
+    return how much ``commits()`` grew from the starts' end to the runs' (before the
+    worker stops)."""
+    for i in range(runs):
+        await client.start(workflow, steps, id=f"r{i:02d}")
+    before = commits()
+    async with running_worker(client, registry, concurrency=1, lease=600.0,
+                              heartbeat_interval=300.0):
+        for i in range(runs):
+            assert (await client.wait(f"r{i:02d}", timeout=30)).result == sum(range(steps))
+        counted = commits() - before
+    journal = await client.journal("r05")
+    assert kinds(journal) == ["run_created", "run_claimed", *(
+        ["step_started", "step_completed"] * steps), "run_completed"]
+    assert len({e.epoch for e in journal[1:]}) == 1
+    return counted
+
+
 @pytest.mark.parametrize("steps", [STEPS, 1])
 async def test_sequential_runs_commit_once_per_step_and_the_last_result_at_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
@@ -84,22 +107,95 @@ async def test_sequential_runs_commit_once_per_step_and_the_last_result_at_once(
     runs = 20
     try:
         client = durable.Client(store, registry=registry)
-        for i in range(runs):
-            await client.start(workflow, steps, id=f"r{i:02d}")
-        before = commits[0]
-        # no renewal falls in the block: only the runs' own commits are counted
-        async with running_worker(client, registry, concurrency=1, lease=600.0,
-                                  heartbeat_interval=300.0):
-            for i in range(runs):
-                assert (await client.wait(f"r{i:02d}", timeout=30)).result == sum(
-                    range(steps))
-            used = commits[0] - before
+        used = await run_one_at_a_time(client, registry, workflow, steps, runs,
+                                       lambda: commits[0])
         # each run: its claim with step 1 (and the previous run's finish), the other
         # steps; the last run's finish commits on its own, at once (nothing queued)
         assert used == runs * steps + 1
-        journal = await client.journal("r05")
-        assert kinds(journal) == ["run_created", "run_claimed", *(
-            ["step_started", "step_completed"] * steps), "run_completed"]
+    finally:
+        await store.aclose()
+
+
+def journal_transactions(url: str, exclude: str = "run_created") -> int:
+    """How many PostgreSQL transactions wrote the journal's entries (their ``xmin``s), the
+    starts' ``run_created`` left out: every commit of an attempt journals something."""
+    from .pg import connect_sync
+
+    with connect_sync(url) as conn:
+        row = conn.execute("SELECT count(DISTINCT xmin::text) FROM durable_journal "
+                           "WHERE kind <> %s", (exclude,)).fetchone()
+    return int(row[0])
+
+
+@pytest.mark.parametrize("steps", [STEPS, 1])
+async def test_on_postgresql_too_a_claim_and_a_finish_ride_on_the_runs_writes(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch, steps: int,  # noqa: F811
+        anyio_backend_name: str) -> None:
+    """The same count on PostgreSQL, by the transactions that wrote the journal (the
+    server's own record): claim_with is one statement there (the finish, the claim, the
+    first entries), so a run's claim and its previous run's finish add no commit."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip(TRIO_SKIP)
+    registry, workflow = steps_registry()
+    monkeypatch.setattr(_claims, "RIDE_WAIT", 30.0)
+    store = durable.store_from_url(pg_url)
+    await store.open()
+    runs = 20
+    try:
+        await run_one_at_a_time(durable.Client(store, registry=registry), registry,
+                                workflow, steps, runs)
+        assert journal_transactions(pg_url) == runs * steps + 1
+    finally:
+        await store.aclose()
+
+
+async def test_on_postgresql_a_claim_refused_by_the_key_index_still_commits_the_finish(
+        pg_url: str, anyio_backend_name: str) -> None:  # noqa: F811
+    """Two claims of runs of one key at the same moment: the server refuses the second
+    statement (the one-running-run-per-key index) and rolls all of it back, the carried
+    finish too. The store then commits the finish on its own and claims nothing."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip(TRIO_SKIP)
+    from durable._types import Finish, NewRun
+
+    from .pg import connect_sync
+
+    store = durable.store_from_url(pg_url)
+    await store.open()
+    try:
+        now = store.clock.now()
+        await store.create_run(NewRun("done", "wf", [], None, now))
+        first = (await store.claim("w1", 600.0, 1))[0]
+        await store.create_run(NewRun("b", "wf", [], "k", now))
+        await store.create_run(NewRun("a", "wf", [], "k", now + 1))
+        finish = Finish(Fence(first.id, first.epoch), RunState.COMPLETED, result=1,
+                        entries=(JournalWrite(EntryKind.RUN_COMPLETED),))
+        step = JournalWrite(EntryKind.STEP_STARTED, step=1, step_key="1:s", name="s",
+                            try_number=1)
+        with connect_sync(pg_url) as other, connect_sync(pg_url) as look:
+            other.execute("BEGIN")  # another claim of the key, not committed yet
+            other.execute("UPDATE durable_runs SET state = 'running' WHERE id = 'a'")
+            outcome: list[Any] = []
+
+            async def claim() -> None:
+                outcome.append(await store.claim_with("w1", 600.0, "b", 1, [step],
+                                                      [finish]))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(claim)
+                # the claim of "b" waits on the index entry of "a"'s uncommitted claim
+                await poll(lambda: look.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '-- Store.claim_with in one statement%'").fetchone()[0])
+                other.execute("COMMIT")
+        result = outcome[0]
+        assert result.finished == (True,) and result.run is None and not result.appended
+        done = await store.get_run("done")
+        assert done is not None and done.state is RunState.COMPLETED and done.result == 1
+        assert kinds(await store.journal("done"))[-1] == "run_completed"
+        b = await store.get_run("b")
+        assert b is not None and b.state is RunState.QUEUED and b.attempt == 0
+        assert kinds(await store.journal("b")) == ["run_created"]
     finally:
         await store.aclose()
 

@@ -337,7 +337,8 @@ class Store(abc.ABC):
     """Whether the worker claims a run that never started by a read (:meth:`claimable`)
     followed by :meth:`claim_with` carrying the attempt's first journal write and the
     previous attempt's finish: one commit where three were. A store says so only when
-    :meth:`claim_with` is one transaction (SQLite); elsewhere it would only add a read."""
+    :meth:`claim_with` is one transaction (SQLite: one transaction; PostgreSQL: one
+    statement); elsewhere it would only add a read."""
 
     async def claimable(
         self, worker: str, limit: int, workflows: Sequence[str] | None = None
@@ -363,7 +364,8 @@ class Store(abc.ABC):
         attempt number ``attempt`` and no pending cancel (it is the run the caller read),
         append ``entries`` under its new epoch.
 
-        SQLite does all of it in one transaction. This default does it in steps, each
+        SQLite does all of it in one transaction, PostgreSQL in one statement. This default
+        does it in steps, each
         committed on its own before the next (the finishes first: a result never waits on
         a claim that fails), which is what a worker without it does anyway.
         """

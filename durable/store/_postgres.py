@@ -61,7 +61,9 @@ from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec, schedule_params
 from .._types import (
     JSON,
+    ClaimOutcome,
     Fence,
+    Finish,
     JournalEntry,
     JournalWrite,
     NewRun,
@@ -105,6 +107,9 @@ def _binary_arrays(query: str) -> str:
 
 Q = {name: _binary_arrays(query.replace("%(now)s", SERVER_NOW))
      for name, query in load_queries("postgres").items()}
+for _name in ("claim", "claim_with", "claimable", "finish_batch"):  # shared parts
+    Q[_name] = Q[_name].replace("/*claimable*/", Q["claimable_where"]).replace(
+        "/*claimed*/", Q["claim_set"]).replace("/*finishes*/", Q["finishes"])
 
 _BINARY_ARRAY = re.compile(r"%\((\w+)\)b(::[a-z ]+)\[\]")
 Q_ONE_ENTRY = {"append_entries": Q["append_entry"],
@@ -624,6 +629,72 @@ class PostgresStore(Store):
                     del self._claiming[worker]
                 self._claimed.fire()
         return [Run.from_row(r) for r in rows if r["id"] is not None]
+
+    # -- a claim riding on the first write (Store.claim_with) ------------------------------
+    claims_ride_on_writes = True
+    """One statement claims, appends the attempt's first entries and finishes the previous
+    attempt (claim_with): one commit (and one WAL flush) where three were; the read before
+    it (claimable) is a round trip without a commit (docs/design.md, *One commit per
+    step*)."""
+
+    async def claimable(
+        self, worker: str, limit: int, workflows: Sequence[str] | None = None
+    ) -> list[Run]:
+        params = {"limit": limit, "now": self._now(),
+                  "workflows": None if workflows is None else list(workflows)}
+        return [Run.from_row(r) for r in await self._rows(Q["claimable"], params)]
+
+    async def claim_with(
+        self,
+        worker: str,
+        lease: float,
+        run_id: str,
+        attempt: int,
+        entries: Sequence[JournalWrite] = (),
+        finishes: Sequence[Finish] = (),
+        workflows: Sequence[str] | None = None,
+    ) -> ClaimOutcome:
+        """One statement (claim_with in queries.sql): the finishes, each fenced on its own,
+        the claim of ``run_id`` and, as the caller expected it, the entries. If the claim
+        breaks the one-running-run-per-key index (another worker claimed a run of its key
+        at the same moment), the server rolls the statement back: the finishes then commit
+        on their own, and nothing is claimed."""
+        rows = [_entry_rows(f.entries) for f in finishes]
+        claim_rows = _entry_rows(entries)
+        params: dict[str, Any] = {
+            "now": self._now(), "schema": self.schema,
+            "job_run_ids": [f.fence.run_id for f in finishes],
+            "job_epochs": [f.fence.epoch for f in finishes],
+            "job_states": [f.state.value for f in finishes],
+            "job_results": [dumps(f.result, "workflow result") for f in finishes],
+            "job_errors": [f.error for f in finishes],
+            "entry_jobs": [job for job, r in enumerate(rows, 1) for _ in r],
+            "worker": worker, "lease": lease, "run_id": run_id, "attempt": attempt,
+            "workflows": None if workflows is None else list(workflows),
+            "data": dumps({"worker": worker}),
+        }
+        for column, name in enumerate(_ENTRY_COLUMNS):
+            params[name] = [row[column] for r in rows for row in r]
+            params[f"claim_{name}"] = [row[column] for row in claim_rows]
+        try:
+            found = await self._rows(Q["claim_with"], params)
+        except StoreError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, psycopg.errors.UniqueViolation)
+                    and cause.diag.constraint_name == _UNIQUE_ONE_RUNNING):
+                raise
+            return ClaimOutcome(tuple([
+                await self.finish(f.fence, f.state, result=f.result, error=f.error,
+                                  entries=f.entries) for f in finishes]), None, False)
+        done = {int(r["job"]): r for r in found}
+        for job in range(1, len(finishes) + 1):
+            if job in done:
+                self._settle(done[job])
+        claimed = done.get(0)
+        run = None if claimed is None else Run.from_row(claimed)
+        appended = claimed is not None and int(claimed["written"]) == 1 + len(entries)
+        return ClaimOutcome(tuple(job in done for job in range(1, len(finishes) + 1)),
+                            run, appended)
 
     async def renew(
         self,

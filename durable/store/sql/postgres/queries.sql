@@ -101,38 +101,19 @@ GROUP BY workflow;
 
 -- name: claim
 -- Candidates are locked with SKIP LOCKED, so competing workers take different runs without
--- waiting for each other. A run with a concurrency key is a candidate only when no run of
--- its key is running and it is the first queued run of its key: a run that has started
--- (released, recovered or replayed: attempt > 0) comes first, then runs that never started,
--- FIFO by run_at and creation (an interrupted run keeps its key). The unique index
--- durable_runs_one_running_per_key settles the remaining races (the store treats its
--- violation as "claimed nothing").
+-- waiting for each other. Which queued runs are candidates: claimable_where. The unique
+-- index durable_runs_one_running_per_key settles the remaining races of keyed runs (the
+-- store treats its violation as "claimed nothing").
 WITH candidates AS (
     SELECT r.id FROM durable_runs AS r
-    WHERE r.state = 'queued' AND r.run_at <= %(now)s
+    WHERE /*claimable*/
       AND (%(run_id)s::text IS NULL OR r.id = %(run_id)s::text)
-      AND (%(workflows)s::text[] IS NULL OR r.workflow = ANY (%(workflows)s::text[]))
-      AND (r.concurrency_key IS NULL OR (
-            NOT EXISTS (SELECT 1 FROM durable_runs AS x
-                        WHERE x.concurrency_key = r.concurrency_key AND x.state = 'running')
-            AND r.id = (SELECT y.id FROM durable_runs AS y
-                        WHERE y.concurrency_key = r.concurrency_key AND y.state = 'queued'
-                        ORDER BY y.attempt = 0, y.run_at, y.created_at, y.id LIMIT 1)))
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE durable_runs AS d
-    SET state = 'running',
-        -- a claim in a fencing scope (a key, or the run) follows the scope's previous claim's
-        -- commit, so its nextval is above that claim's: strictly increasing per scope
-        epoch = nextval('durable_epochs'),
-        attempt = d.attempt + 1,
-        worker = %(worker)s,
-        lease_expires_at = %(now)s + %(lease)s,
-        heartbeat_at = %(now)s,
-        updated_at = %(now)s,
-        waiting_for = NULL
+    SET /*claimed*/
     FROM candidates AS c
     WHERE d.id = c.id AND d.state = 'queued'
     RETURNING d.*
@@ -146,6 +127,88 @@ WITH candidates AS (
 SELECT c.*, s.seen FROM (SELECT txid_current_snapshot()::text AS seen) AS s
 LEFT JOIN claimed AS c ON true
 ORDER BY c.run_at, c.created_at, c.id;
+
+-- name: claim_set
+-- What a claim sets (claim, claim_with).
+state = 'running',
+        -- a claim in a fencing scope (a key, or the run) follows the scope's previous claim's
+        -- commit, so its nextval is above that claim's: strictly increasing per scope
+        epoch = nextval('durable_epochs'),
+        attempt = d.attempt + 1,
+        worker = %(worker)s,
+        lease_expires_at = %(now)s + %(lease)s,
+        heartbeat_at = %(now)s,
+        updated_at = %(now)s,
+        waiting_for = NULL
+
+-- name: claimable_where
+-- Which queued runs a claim may take (claim, claim_with, claimable: one set of conditions).
+-- A run with a concurrency key is a candidate only when no run of its key is running and it
+-- is the first queued run of its key: a run that has started (released, recovered or
+-- replayed: attempt > 0) comes first, then runs that never started, FIFO by run_at and
+-- creation (an interrupted run keeps its key).
+r.state = 'queued' AND r.run_at <= %(now)s
+      AND (%(workflows)s::text[] IS NULL OR r.workflow = ANY (%(workflows)s::text[]))
+      AND (r.concurrency_key IS NULL OR (
+            NOT EXISTS (SELECT 1 FROM durable_runs AS x
+                        WHERE x.concurrency_key = r.concurrency_key AND x.state = 'running')
+            AND r.id = (SELECT y.id FROM durable_runs AS y
+                        WHERE y.concurrency_key = r.concurrency_key AND y.state = 'queued'
+                        ORDER BY y.attempt = 0, y.run_at, y.created_at, y.id LIMIT 1)))
+
+-- name: claimable
+-- What claim would take now, by a read (no write, no lock): Store.claimable.
+SELECT r.* FROM durable_runs AS r
+WHERE /*claimable*/
+ORDER BY r.run_at, r.created_at, r.id
+LIMIT %(limit)s;
+
+-- name: claim_with
+-- Store.claim_with in one statement (one round trip, one commit): the carried finishes
+-- (finishes, as finish_batch: each fenced on its own, a refused one changes nothing), the
+-- claim of run
+-- :run_id (as claim, if a claim may still take it), its run_claimed entry and, only when the
+-- claimed run has attempt number :attempt and no pending cancel (the run the caller read),
+-- the attempt's first entries under its new epoch. The finished runs come back as rows with
+-- their job (from 1), the claimed run as a row of job 0; each row says how many entries
+-- were journaled for the claim (run_claimed included). The finishes and the claim touch
+-- different runs (a run being finished is running, a claimed one queued) and the claim
+-- waits for no lock (SKIP LOCKED); a keyed run whose key's running run finishes in this
+-- statement is not claimable in it (the statement sees that run running), as it was not
+-- when the caller read what to claim.
+WITH /*finishes*/, candidate AS (
+    SELECT r.id FROM durable_runs AS r
+    WHERE r.id = %(run_id)s::text AND /*claimable*/
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE durable_runs AS d
+    SET /*claimed*/
+    FROM candidate AS c
+    WHERE d.id = c.id AND d.state = 'queued'
+    RETURNING d.*
+), claim_journaled AS (
+    INSERT INTO durable_journal (run_id, epoch, kind, step, step_key, name, attempt, at, data)
+    SELECT c.id, c.epoch, e.kind, e.step, e.step_key, e.name,
+           CASE WHEN e.ord = 0 THEN c.attempt ELSE e.attempt END, %(now)s, e.data
+    FROM claimed AS c
+    CROSS JOIN (SELECT 0::bigint, 'run_claimed', NULL::integer, NULL::text, NULL::text,
+                       NULL::integer, %(data)s::text
+                UNION ALL
+                SELECT u.ord, u.kind, u.step, u.step_key, u.name, u.attempt, u.data
+                FROM unnest(%(claim_kinds)s::text[], %(claim_steps)s::integer[],
+                            %(claim_step_keys)s::text[], %(claim_names)s::text[],
+                            %(claim_attempts)s::integer[], %(claim_datas)s::text[])
+                     WITH ORDINALITY AS u(kind, step, step_key, name, attempt, data, ord))
+         AS e(ord, kind, step, step_key, name, attempt, data)
+    WHERE e.ord = 0 OR (c.attempt = %(attempt)s AND NOT c.cancel_requested)
+    ORDER BY e.ord
+    RETURNING 1
+), written AS (
+    SELECT count(*) AS n FROM claim_journaled
+)
+SELECT run.*, written.n AS written FROM run, written, notified
+UNION ALL
+SELECT 0::bigint, c.*, written.n FROM claimed AS c, written;
 
 -- name: renew
 -- The held runs are locked first, in id order, as by every statement that locks several
@@ -251,7 +314,13 @@ SELECT job FROM fence;
 -- own (a refused one changes nothing); returns the jobs that finished their run. The runs
 -- are locked first, in id order (as append_batch and renew lock theirs), so two statements
 -- that share runs cannot deadlock on them.
-WITH jobs AS (
+WITH /*finishes*/
+SELECT run.* FROM run, notified;
+
+-- name: finishes
+-- finish_batch's finishes, its CTEs (claim_with carries them too): run is the finished runs
+-- with their jobs.
+jobs AS (
     SELECT * FROM unnest(%(job_run_ids)s::text[], %(job_epochs)s::bigint[],
                          %(job_states)s::text[], %(job_results)s::text[],
                          %(job_errors)s::text[])
@@ -281,7 +350,6 @@ WITH jobs AS (
 ), notified AS (
     SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n FROM run
 )
-SELECT run.* FROM run, notified;
 
 -- name: finish_run
 WITH run AS (
