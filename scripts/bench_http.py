@@ -14,6 +14,13 @@ and one worker with ``concurrency=N``:
 - **httpx default**: the same worker given ``transport=httpx.AsyncHTTPTransport()``, httpx's
   default limits (100 connections, one httpcore pool): the baseline.
 
+And a third, the floor under both: **no engine**, the worker's transport alone: N
+concurrent ``GET``s by one ``httpx.AsyncClient`` on ``WorkerTransport(N)``, started in the
+worker's waves, timed from their start (where the columns above start at the claim) until
+they have all arrived, with the CPU meanwhile; stopped at the first answer. Where the
+worker's last request misses 1 s, this says whether httpx alone would have made it on the
+same machine in the same run, and the difference is the engine's (claims, attempts, journal).
+
 Printed for each: requests in flight at peak, the first and last arrival after the claim
 returned (the worker claims all N in one statement and starts their attempts in waves),
 when the last run finished, the full garbage collections between the claim and the last
@@ -259,31 +266,86 @@ async def measure(base: str, runs: int, *, default_transport: bool,
         await store.aclose()
         if transport is not None:
             await transport.aclose()
+    figures = await _arrivals(base, runs, claimed_at[0] if claimed_at else None, cpu)
+    figures.update({
+        "completed": completed,
+        "finished_s": (last_finish - claimed_at[0]) if finished and claimed_at else None,
+        "cpu_to_finished_ms": _cpu_ms_until(cpu, last_finish) if finished else None,
+        "full_gcs_to_last": sum(1 for t in full_gcs if figures["last_at"] is not None
+                                and t <= figures["last_at"]),
+        "pool_waits_logged": WARNINGS["http_pool_wait"],
+    })
+    return figures
+
+
+def _cpu_ms_until(cpu: list[tuple[float, float]], moment: float) -> float | None:
+    """CPU of this process from the first sample (the claim) to the first sample at or after
+    ``moment`` (an upper bound: the samples are CPU_SAMPLE apart, or later on a loaded
+    machine)."""
+    after = [c for t, c in cpu if t >= moment]
+    return 1000 * (after[0] - cpu[0][1]) if cpu and after else None
+
+
+async def _arrivals(base: str, runs: int, t0: float | None,
+                    cpu: list[tuple[float, float]]) -> dict[str, Any]:
+    """The server's record of one measurement: its requests against ``t0`` (the claim, or
+    the start of the plain requests) and this process's CPU from ``t0`` to them."""
     async with httpx.AsyncClient() as control:
         stats = (await control.get(f"{base}/stats")).json()
     arrivals = sorted(stats["arrivals"])
-    t0 = claimed_at[0] if claimed_at else float("nan")
-
-    def cpu_ms_until(moment: float) -> float | None:
-        """CPU of this process from the claim to the first sample at or after ``moment``
-        (an upper bound: the samples are CPU_SAMPLE apart, or later on a loaded machine)."""
-        after = [c for t, c in cpu if t >= moment]
-        return 1000 * (after[0] - cpu[0][1]) if cpu and after else None
-
+    start = float("nan") if t0 is None else t0
     return {
         "runs": runs,
-        "completed": completed,
         "requests": len(arrivals),
         "peak_in_flight": stats["peak"],
-        "first_ms": 1000 * (arrivals[0] - t0) if arrivals else None,
-        "last_ms": 1000 * (arrivals[-1] - t0) if arrivals else None,
-        "finished_s": (last_finish - t0) if finished else None,
-        "cpu_to_first_ms": cpu_ms_until(arrivals[0]) if arrivals else None,
-        "cpu_to_last_ms": cpu_ms_until(arrivals[-1]) if arrivals else None,
-        "cpu_to_finished_ms": cpu_ms_until(last_finish) if finished else None,
-        "full_gcs_to_last": sum(1 for t in full_gcs if arrivals and t <= arrivals[-1]),
-        "pool_waits_logged": WARNINGS["http_pool_wait"],
+        "first_ms": 1000 * (arrivals[0] - start) if arrivals else None,
+        "last_ms": 1000 * (arrivals[-1] - start) if arrivals else None,
+        "last_at": arrivals[-1] if arrivals else None,
+        "cpu_to_first_ms": _cpu_ms_until(cpu, arrivals[0]) if arrivals else None,
+        "cpu_to_last_ms": _cpu_ms_until(cpu, arrivals[-1]) if arrivals else None,
     }
+
+
+async def measure_plain(base: str, runs: int, *, timeout: float) -> dict[str, Any]:
+    """The floor under the worker's figures: the same requests and the same transport (the
+    worker's, :class:`durable._pool.WorkerTransport`, ``runs`` connections per host) with
+    no engine and no store: ``runs`` concurrent ``GET``s by one ``httpx.AsyncClient``,
+    started in the worker's waves (``SPAWN_WAVE`` tasks, then a checkpoint), timed from
+    their start (where the worker's columns start at the claim). Stopped at the first
+    answer (the server answers only once all are in flight, or after ``--hold`` seconds
+    without a new one): what is measured is how soon httpx alone has sent them on this
+    machine, and its CPU meanwhile."""
+    from durable._pool import WorkerTransport
+    from durable._worker import SPAWN_WAVE
+
+    async with httpx.AsyncClient() as control:
+        await control.get(f"{base}/reset?n={runs}")
+    cpu: list[tuple[float, float]] = []
+    answered = anyio.Event()
+
+    async def one(client: httpx.AsyncClient) -> None:
+        await client.get(f"{base}/slow")
+        answered.set()
+
+    async def sample_cpu() -> None:
+        while True:
+            cpu.append((time.monotonic(), time.process_time()))
+            await anyio.sleep(CPU_SAMPLE)
+
+    async with httpx.AsyncClient(transport=WorkerTransport(runs), timeout=timeout) as client:
+        async with anyio.create_task_group() as tg:
+            t0 = time.monotonic()
+            cpu.append((t0, time.process_time()))
+            tg.start_soon(sample_cpu)
+            for i in range(runs):
+                if i and i % SPAWN_WAVE == 0:
+                    await anyio.lowlevel.checkpoint()
+                tg.start_soon(one, client)
+            with anyio.move_on_after(timeout):
+                await answered.wait()
+            cpu.append((time.monotonic(), time.process_time()))
+            tg.cancel_scope.cancel()
+    return await _arrivals(base, runs, t0, cpu)
 
 
 def targets(row: dict[str, Any]) -> dict[str, bool]:
@@ -310,7 +372,7 @@ def _load(values: list[float]) -> str:
 
 
 def report_text(report: dict[str, Any]) -> str:
-    pool, base = report["worker_pool"], report["httpx_default"]
+    pool, base, plain = report["worker_pool"], report["httpx_default"], report["no_engine"]
     lines = [
         f"durable HTTP benchmark, {report['when']}: {report['cpus']} CPUs, Python "
         f"{report['python']}, httpx {report['httpx']}, httpcore {report['httpcore']}, "
@@ -321,7 +383,7 @@ def report_text(report: dict[str, Any]) -> str:
         f"server holds each request until {report['runs']} are in flight or "
         f"{report['hold']:g} s pass without a new one",
         "",
-        f"{'':44}{'worker pool':>16}{'httpx default':>16}",
+        f"{'':44}{'worker pool':>16}{'httpx default':>16}{'no engine':>16}",
     ]
     rows = [
         ("requests in flight at peak", "peak_in_flight", 0),
@@ -337,16 +399,19 @@ def report_text(report: dict[str, Any]) -> str:
         ("pool waits logged (http_pool_wait)", "pool_waits_logged", 0),
     ]
     for label, key, digits in rows:
-        lines.append(f"  {label:42}{fmt(pool[key], digits):>16}{fmt(base[key], digits):>16}")
+        lines.append(f"  {label:42}{fmt(pool[key], digits):>16}{fmt(base[key], digits):>16}"
+                     f"{fmt(plain.get(key), digits):>16}")
     lines.append(f"targets (all {report['runs']} in flight, first <= {TARGET_FIRST_MS:g} ms, "
                  f"last <= {TARGET_LAST_MS:g} ms after the claim)")
     labels = {"all_in_flight": f"all {report['runs']} in flight at once",
               "first_within_100_ms": f"first within {TARGET_FIRST_MS:g} ms",
               "last_within_1_s": f"last within {TARGET_LAST_MS:g} ms"}
-    mine, theirs = targets(pool), targets(base)
+    columns = [targets(pool), targets(base), targets(plain)]
     for key, label in labels.items():
-        lines.append(f"  {label:42}{'met' if mine[key] else 'MISSED':>16}"
-                     f"{'met' if theirs[key] else 'MISSED':>16}")
+        lines.append(f"  {label:42}" + "".join(
+            f"{'met' if column[key] else 'MISSED':>16}" for column in columns))
+    lines.append("  (no engine: the worker's transport alone, from the start of its requests "
+                 "instead of a claim)")
     repeats = report["worker_pool_repeats"]
     if len(repeats) > 1:
         lines += ["", f"worker pool, {len(repeats)} measurements (the first is the column "
@@ -372,6 +437,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                              timeout=args.timeout, gc_policy=policy)
         default = await measure(base, args.runs, default_transport=True, workdir=workdir,
                                 timeout=args.timeout, gc_policy=policy)
+        plain = await measure_plain(base, args.runs, timeout=args.timeout)
         repeats = [pool]
         for _ in range(args.repeat - 1):
             repeats.append(await measure(base, args.runs, default_transport=False,
@@ -384,7 +450,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "httpx": httpx.__version__, "httpcore": httpcore.__version__,
         "backend": args.backend, "runs": args.runs, "hold": args.hold,
         "gc_policy": not args.no_gc_policy,
-        "worker_pool": pool, "httpx_default": default,
+        "worker_pool": pool, "httpx_default": default, "no_engine": plain,
         "worker_pool_repeats": repeats,
         "targets": targets(pool),
         "targets_met": met(pool),

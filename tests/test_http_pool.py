@@ -87,7 +87,7 @@ def test_the_worker_sizes_its_pool_from_its_concurrency(tmp_path: Path) -> None:
         Worker(store, http_connections=0)
 
 
-def test_the_http_benchmark_runs_and_prints_both_columns(tmp_path: Path) -> None:
+def test_the_http_benchmark_runs_and_prints_its_three_columns(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_http.py"), "--runs", "20",
          "--hold", "0.2", "--json"],
@@ -100,6 +100,10 @@ def test_the_http_benchmark_runs_and_prints_both_columns(tmp_path: Path) -> None
         assert row["peak_in_flight"] == 20  # the server held them until all 20 came
         assert row["first_ms"] is not None and row["last_ms"] >= row["first_ms"]
         assert row["pool_waits_logged"] == 0
+    floor = report["no_engine"]  # the transport alone: every request sent, none completed
+    assert (floor["requests"], floor["peak_in_flight"]) == (20, 20)
+    assert floor["last_ms"] >= floor["first_ms"] > 0 and floor["cpu_to_last_ms"] > 0
+    assert "completed" not in floor
     assert isinstance(report["targets_met"], bool)
     assert set(report["targets"]) == {"all_in_flight", "first_within_100_ms",
                                       "last_within_1_s"}
@@ -114,7 +118,7 @@ def test_the_http_benchmark_runs_and_prints_both_columns(tmp_path: Path) -> None
                   "last request after the claim (ms)", "worker pool", "httpx default",
                   "all 5 in flight at once", "first within 100 ms", "last within 1000 ms",
                   "trio, GC policy off; load average", "worker pool, 2 measurements",
-                  "min / median / max", "all three targets met",
+                  "min / median / max", "all three targets met", "no engine",
                   "CPU, claim to the first request (ms)",
                   "full GCs, claim to the last request"):
         assert label in text.stdout
