@@ -186,7 +186,7 @@ async def test_on_postgresql_a_claim_refused_by_the_key_index_still_commits_the_
                 # the claim of "b" waits on the index entry of "a"'s uncommitted claim
                 await poll(lambda: look.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE '-- Store.claim_with in one statement%'").fetchone()[0])
+                    "AND application_name = 'durable'").fetchone()[0])
                 other.execute("COMMIT")
         result = outcome[0]
         assert result.finished == (True,) and result.run is None and not result.appended

@@ -105,7 +105,16 @@ def _binary_arrays(query: str) -> str:
     return _ARRAY_PARAMETER.sub(r"%(\1)b\2", query)
 
 
-Q = {name: _binary_arrays(query.replace("%(now)s", SERVER_NOW))
+def _compact(query: str) -> str:
+    """A statement as the store sends it: queries.sql's text without its comment lines and
+    indentation. psycopg converts a statement's text once and keeps it only when it is at
+    most 4,096 bytes long (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); a longer one
+    (claim_with with its comments: 6,021) was parsed again on every call."""
+    return "\n".join(line.strip() for line in query.splitlines()
+                     if line.strip() and not line.lstrip().startswith("--"))
+
+
+Q = {name: _compact(_binary_arrays(query.replace("%(now)s", SERVER_NOW)))
      for name, query in load_queries("postgres").items()}
 for _name in ("claim", "claim_with", "claimable", "finish_batch"):  # shared parts
     Q[_name] = Q[_name].replace("/*claimable*/", Q["claimable_where"]).replace(
