@@ -668,22 +668,13 @@ class PostgresStore(Store):
         breaks the one-running-run-per-key index (another worker claimed a run of its key
         at the same moment), the server rolls the statement back: the finishes then commit
         on their own, and nothing is claimed."""
-        rows = [_entry_rows(f.entries) for f in finishes]
+        params = self._job_params([
+            _finish_write(f.fence, f.state, f.result, f.error, f.entries) for f in finishes])
+        params.update(worker=worker, lease=lease, run_id=run_id, attempt=attempt,
+                      workflows=None if workflows is None else list(workflows),
+                      data=dumps({"worker": worker}))
         claim_rows = _entry_rows(entries)
-        params: dict[str, Any] = {
-            "now": self._now(), "schema": self.schema,
-            "job_run_ids": [f.fence.run_id for f in finishes],
-            "job_epochs": [f.fence.epoch for f in finishes],
-            "job_states": [f.state.value for f in finishes],
-            "job_results": [dumps(f.result, "workflow result") for f in finishes],
-            "job_errors": [f.error for f in finishes],
-            "entry_jobs": [job for job, r in enumerate(rows, 1) for _ in r],
-            "worker": worker, "lease": lease, "run_id": run_id, "attempt": attempt,
-            "workflows": None if workflows is None else list(workflows),
-            "data": dumps({"worker": worker}),
-        }
         for column, name in enumerate(_ENTRY_COLUMNS):
-            params[name] = [row[column] for r in rows for row in r]
             params[f"claim_{name}"] = [row[column] for row in claim_rows]
         try:
             found = await self._rows(Q["claim_with"], params)
@@ -696,14 +687,14 @@ class PostgresStore(Store):
                 await self.finish(f.fence, f.state, result=f.result, error=f.error,
                                   entries=f.entries) for f in finishes]), None, False)
         done = {int(r["job"]): r for r in found}
-        for job in range(1, len(finishes) + 1):
-            if job in done:
+        finished = tuple(job in done for job in range(1, len(finishes) + 1))
+        for job, ok in enumerate(finished, 1):
+            if ok:
                 self._settle(done[job])
         claimed = done.get(0)
         run = None if claimed is None else Run.from_row(claimed)
         appended = claimed is not None and int(claimed["written"]) == 1 + len(entries)
-        return ClaimOutcome(tuple(job in done for job in range(1, len(finishes) + 1)),
-                            run, appended)
+        return ClaimOutcome(finished, run, appended)
 
     async def renew(
         self,
@@ -747,8 +738,7 @@ class PostgresStore(Store):
         error: str | None = None,
         entries: Sequence[JournalWrite] = (),
     ) -> bool:
-        write = _Write(fence, _entry_rows(entries),
-                       (state.value, dumps(result, "workflow result"), error))
+        write = _finish_write(fence, state, result, error, entries)
         if self.group_commit:
             if not self._leading:
                 return await self._alone(write)
@@ -927,7 +917,10 @@ class PostgresStore(Store):
             if write.ok and write.finish is not None and "id" in done[job]:
                 self._settle(done[job])  # (FINISH_BATCH_JOBS: nobody to hand it to)
 
-    def _batch(self, group: list[_Write]) -> tuple[str, dict[str, Any]]:
+    def _job_params(self, group: Sequence[_Write]) -> dict[str, Any]:
+        """The parameters of one statement of many fenced writes, each a job (from 1):
+        append_batch's, finish_batch's, claim_with's finishes. A group of finishes (or
+        none) also carries each one's state, result and error."""
         params: dict[str, Any] = {
             "now": self._now(),
             "schema": self.schema,
@@ -937,11 +930,17 @@ class PostgresStore(Store):
         }
         for column, name in enumerate(_ENTRY_COLUMNS):
             params[name] = [row[column] for w in group for row in w.rows]
+        ends = [w.finish for w in group if w.finish is not None]
+        if len(ends) == len(group):
+            params["job_states"] = [end[0] for end in ends]
+            params["job_results"] = [end[1] for end in ends]
+            params["job_errors"] = [end[2] for end in ends]
+        return params
+
+    def _batch(self, group: list[_Write]) -> tuple[str, dict[str, Any]]:
+        params = self._job_params(group)
         if group[0].finish is None:
             return Q["append_batch"], params
-        params["job_states"] = [w.finish[0] for w in group if w.finish]
-        params["job_results"] = [w.finish[1] for w in group if w.finish]
-        params["job_errors"] = [w.finish[2] for w in group if w.finish]
         waited = _wake.hub(self).waited
         if waited and any(w.fence.run_id in waited for w in group):
             return Q["finish_batch"], params
@@ -1369,6 +1368,13 @@ class _Write:
         if self.ok is None:
             raise StoreError("a batched write got no answer")
         return self.ok
+
+
+def _finish_write(fence: Fence, state: RunState, result: JSON, error: str | None,
+                  entries: Sequence[JournalWrite]) -> _Write:
+    """A finish as a fenced write (finish, claim_with's carried finishes)."""
+    return _Write(fence, _entry_rows(entries),
+                  (state.value, dumps(result, "workflow result"), error))
 
 
 _ENTRY_COLUMNS = ("kinds", "steps", "step_keys", "names", "attempts", "datas")

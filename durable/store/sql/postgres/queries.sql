@@ -166,10 +166,9 @@ LIMIT %(limit)s;
 -- name: claim_with
 -- Store.claim_with in one statement (one round trip, one commit): the carried finishes
 -- (finishes, as finish_batch: each fenced on its own, a refused one changes nothing), the
--- claim of run
--- :run_id (as claim, if a claim may still take it), its run_claimed entry and, only when the
--- claimed run has attempt number :attempt and no pending cancel (the run the caller read),
--- the attempt's first entries under its new epoch. The finished runs come back as rows with
+-- claim of run :run_id (as claim, if a claim may still take it), its run_claimed entry and,
+-- only when the claimed run has attempt number :attempt and no pending cancel (the run the
+-- caller read), the attempt's first entries under its new epoch. The finished runs come back as rows with
 -- their job (from 1), the claimed run as a row of job 0; each row says how many entries
 -- were journaled for the claim (run_claimed included). The finishes and the claim touch
 -- different runs (a run being finished is running, a claimed one queued) and the claim
