@@ -522,17 +522,22 @@ class Attempt:
 
     async def _conclude(self, kind: str, value: Any) -> str:
         """Journal the outcome; what happened: ``completed``, ``failed``, ``cancelled``,
-        ``released``, ``abandoned`` or ``superseded`` (the write was refused or failed)."""
+        ``released``, ``abandoned``, ``superseded`` (the write was refused: the run is
+        another attempt's now) or ``unknown`` (its outcome cannot be told)."""
         log = self.log
         ended = kind
         steps = self.steps
         ok = True
+        final: EntryKind  # the entry the write journals, which tells whether it committed
+        said: Callable[[], None]  # its log line, once it is known to have committed
+        error: StoreError | None = None
         try:
             if kind == "completed":
-                entries = self._take_deferred([JournalWrite(EntryKind.RUN_COMPLETED)])
+                final = EntryKind.RUN_COMPLETED
+                said = lambda: log.info("run_completed")  # noqa: E731
+                entries = self._take_deferred([JournalWrite(final)])
                 ok = await self._finish(Finish(self.fence, RunState.COMPLETED, result=value,
                                                entries=tuple(entries)))
-                log.info("run_completed") if ok else None
             elif kind == "failed":
                 exc: BaseException = value
                 message = describe(exc) if not isinstance(
@@ -541,50 +546,80 @@ class Attempt:
                 data: dict[str, JSON] = {"error": message, "error_type": type(exc).__name__}
                 if isinstance(exc, ActivityError | StepInDoubtError):
                     data["step"] = exc.step
+                final = EntryKind.RUN_FAILED
+                said = lambda: log.warning("run_failed", error=message)  # noqa: E731
                 entries = self._take_deferred(
                     [*steps.doubt_entries("the run failed while it was in flight"),
-                     JournalWrite(EntryKind.RUN_FAILED, data=data)])
+                     JournalWrite(final, data=data)])
                 ok = await self._finish(Finish(self.fence, RunState.FAILED, error=message,
                                                entries=tuple(entries)))
-                log.warning("run_failed", error=message) if ok else None
             elif kind == "abandoned":
                 log.warning("attempt_abandoned", reason=value,
                             in_flight=sorted(steps.in_flight))
                 return "abandoned"
             elif value == "cancelled":
                 ended = "cancelled"
+                final = EntryKind.RUN_CANCELLED
+                said = lambda: log.info("run_cancelled")  # noqa: E731
                 entries = self._take_deferred(
                     [*steps.doubt_entries("cancelled while in flight", earlier=True),
-                     JournalWrite(EntryKind.RUN_CANCELLED, data={"by": "operator"})])
+                     JournalWrite(final, data={"by": "operator"})])
                 ok = await self.fenced(lambda: self.store.finish(
                     self.fence, RunState.CANCELLED, error="cancelled by an operator",
                     entries=entries), "finish", len(entries))
-                log.info("run_cancelled") if ok else None
             elif kind == "suspended":  # a long wait: released, due at its time (or signal)
                 ended = "released"
                 wait: Suspended = value
-                entries = self._take_deferred([JournalWrite(EntryKind.RUN_WAITING, data={
+                final = EntryKind.RUN_WAITING
+                said = lambda: log.info(  # noqa: E731
+                    "run_waiting", until=wait.until, reason=wait.reason, signal=wait.signal)
+                entries = self._take_deferred([JournalWrite(final, data={
                     "until": wait.until, "reason": wait.reason, "signal": wait.signal})])
                 ok = await self.fenced(lambda: self.store.release(
                     self.fence, entries, run_at=NEVER if wait.until is None else wait.until,
                     waiting_for=wait.signal, seen_signals=wait.seen), "release", len(entries))
-                log.info("run_waiting", until=wait.until, reason=wait.reason,
-                         signal=wait.signal) if ok else None
             else:  # shutdown: give the run back at once
                 ended = "released"
+                final = EntryKind.RUN_INTERRUPTED
+                said = lambda: log.info("run_released", reason=value)  # noqa: E731
                 entries = self._take_deferred(
                     [*steps.doubt_entries(f"interrupted by {value}"),
-                     JournalWrite(EntryKind.RUN_INTERRUPTED, data={"reason": value})])
+                     JournalWrite(final, data={"reason": value})])
                 ok = await self.fenced(lambda: self.store.release(self.fence, entries),
                                        "release", len(entries))
-                log.info("run_released", reason=value) if ok else None
         except StoreError as exc:
-            log.error("conclude_failed", error=str(exc))
-            return "superseded"
+            ok, error = False, exc
         if not ok:
-            log.warning("attempt_superseded", outcome=kind)
-            return "superseded"
+            # Refused, or no answer: an earlier try of this write whose answer was lost
+            # (a carried finish sent again on its own) may have committed all the same.
+            # The journal tells: this epoch's final entry is there only if it did.
+            journaled = await self._journaled(final)
+            if journaled:
+                log.info("conclude_confirmed", entry=final.value,
+                         after="an unknown outcome" if error is not None else "a refusal")
+            elif error is not None or journaled is None:
+                # no answer and not (yet) in the journal: the write may still commit (a
+                # statement the server runs on); the lease lapses or the journal says
+                log.error("conclude_outcome_unknown", outcome=kind,
+                          error=str(error) if error is not None else "refused",
+                          journal="unread" if journaled is None else "not there yet")
+                return "unknown"
+            else:
+                log.warning("attempt_superseded", outcome=kind)
+                return "superseded"
+        said()
         return ended
+
+    async def _journaled(self, kind: EntryKind) -> bool | None:
+        """Whether the run's journal holds ``kind`` under this attempt's epoch (only this
+        attempt can have written it: the fence); None when the journal cannot be read."""
+        try:
+            with anyio.fail_after(WRITE_TIMEOUT):
+                entries = await self.store.journal(self.run.id)
+        except (StoreError, TimeoutError):
+            return None
+        epoch = self.fence.epoch
+        return any(e.kind is kind and e.epoch == epoch for e in entries)
 
     async def _finish(self, finish: Finish) -> bool:
         """The run's final state: with the worker's next claim when it has one (one commit

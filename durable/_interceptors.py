@@ -67,12 +67,16 @@ class AttemptInfo:
 
 
 ATTEMPT_OUTCOMES = ("completed", "failed", "cancelled", "released", "abandoned",
-                    "superseded", "crashed")
+                    "superseded", "unknown", "crashed")
 """What ``intercept_attempt``'s ``call_next`` returns: the run finished (``completed``,
 ``failed``, ``cancelled``), was given back (``released``: a shutdown, or a durable wait),
 the lease was lost (``abandoned``), the final write was refused (``superseded``: another
-attempt holds the run now), or the engine itself failed (``crashed``, raised rather than
-returned)."""
+attempt holds the run now), the final write's outcome cannot be told (``unknown``: no
+answer came, and the journal does not hold it, or could not be read; the run's journal
+says later, and a run left running is recovered when its lease lapses), or the engine
+itself failed (``crashed``, raised rather than returned). A final write refused or
+unanswered whose entry the journal holds under the attempt's epoch (an earlier try of it
+committed, its answer lost) ends as that write says."""
 
 
 @attrs.frozen

@@ -50,7 +50,7 @@ from ._version import __version__
 
 __all__ = ["TracingInterceptor"]
 
-_FAILED_ATTEMPTS = frozenset({"failed", "abandoned", "superseded"})
+_FAILED_ATTEMPTS = frozenset({"failed", "abandoned", "superseded", "unknown"})
 
 
 def _run_attributes(run: Run) -> dict[str, Any]:

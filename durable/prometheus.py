@@ -92,7 +92,7 @@ class MetricsInterceptor(Interceptor):
             ["workflow"], registry=r)
         self.attempts_ended = Counter(
             "durable_attempts_ended", "Attempts ended here, by outcome (completed, failed, "
-            "cancelled, released, abandoned, superseded, crashed)",
+            "cancelled, released, abandoned, superseded, unknown, crashed)",
             ["workflow", "outcome"], registry=r)
         self.runs_finished = Counter(
             "durable_runs_finished", "Runs finished by an attempt here, by final state",

@@ -1,23 +1,31 @@
 """The PostgreSQL store under connection faults (asyncio only: psycopg's async driver).
 
-Dropped pooled connections, a cancel racing a release, and statements bounded by
-``statement_timeout``, on the machine's real server (tests/pg.py).
+Dropped pooled connections, a cancel racing a release, statements bounded by
+``statement_timeout``, and final writes whose answer (or request) a loopback proxy loses
+(tests/pgproxy.py), on the machine's real server (tests/pg.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
 
+import durable
+from durable import _claims
 from durable._clock import FakeClock
 from durable._errors import StoreError
 from durable._types import EntryKind, JournalWrite, RunState
 from durable.store import Store, store_from_url
-from tests.helpers import poll
-from tests.pg import connect_sync, pg_url, postgres_server
+from tests.helpers import poll, running_worker
+from tests.pg import connect_sync, pg_url, postgres_server, split_url
+from tests.pgproxy import LosingProxy, losing_proxy
+from tests.test_claim_rides import steps_registry
 from tests.test_store_contract import claim_one, create, fence, journal_kinds
 
 __all__ = ["pg_url", "postgres_server"]
@@ -150,3 +158,109 @@ async def test_no_connection_at_checkout_is_not_sent_and_writes_nothing(pg_url: 
         assert (await journal_kinds(store, "r1")).count("value") == 1
     finally:
         await store.aclose()
+
+
+
+@asynccontextmanager
+async def worker_behind_a_losing_proxy(
+        pg_url: str, registry: Any, caplog: pytest.LogCaptureFixture,
+        arm: Callable[[LosingProxy], None]) -> AsyncIterator[LosingProxy]:
+    """A worker (concurrency 1, a 2 s lease) whose store reaches the server through a
+    :class:`tests.pgproxy.LosingProxy` armed by ``arm``, for the block; the engine's log
+    captured. The block waits on the runs through a store of its own (not through the
+    proxy); on leaving it, the proxy has lost what it was armed to."""
+    async with losing_proxy(split_url(pg_url)[0]) as proxy:
+        arm(proxy)
+        store = store_from_url(proxy.url(pg_url))
+        await store.open()
+        try:
+            with caplog.at_level(logging.INFO, logger="durable"):
+                async with running_worker(durable.Client(store, registry=registry),
+                                          registry, concurrency=1, lease=2.0,
+                                          heartbeat_interval=0.5):
+                    yield proxy
+        finally:
+            await store.aclose()
+        assert proxy.lost.is_set()
+
+
+def said(caplog: pytest.LogCaptureFixture, run_id: str) -> list[tuple[int, str]]:
+    """The engine's log events about ``run_id``, each with its attempt's epoch."""
+    return [(r.fields.get("epoch"), r.event) for r in caplog.records  # type: ignore[attr-defined]
+            if getattr(r, "fields", {}).get("workflow_id") == run_id]
+
+
+async def test_a_finish_whose_answer_was_lost_is_told_from_the_journal(
+        pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's connection is lost after it sent the claim of its next run carrying the
+    finish of its previous one (claim_with), and after the server committed it (tests/
+    pgproxy.py withholds the answer). The worker cannot tell what happened, so it sends the
+    finish again on its own; the fence refuses it, since the run is completed already. The
+    attempt must not say it was superseded: its journal holds its own run_completed, and
+    that is what it says."""
+    registry, workflow = steps_registry()
+    monkeypatch.setattr(_claims, "RIDE_WAIT", 30.0)  # the next claim carries the finish
+    direct = store_from_url(pg_url)
+    await direct.open()
+    try:
+        client = durable.Client(direct, registry=registry)
+        await client.start(workflow, 2, id="first")
+        await client.start(workflow, 2, id="second-lost")
+        # the claim of the second run, carrying the first's finish: its answer is lost
+        async with worker_behind_a_losing_proxy(
+                pg_url, registry, caplog, lambda proxy: proxy.lose_answer_to("second-lost")):
+            first = await client.wait("first", timeout=30)
+            # its claim committed, unknown to the worker: its lease lapses
+            second = await client.wait("second-lost", timeout=60)
+        assert (first.state, second.state) == (RunState.COMPLETED, RunState.COMPLETED)
+        assert (first.result, second.result) == (1, 1)
+        events = [event for _, event in said(caplog, "first")]
+        assert "attempt_superseded" not in events and "conclude_failed" not in events, events
+        assert events[-2:] == ["conclude_confirmed", "run_completed"], events
+    finally:
+        await direct.aclose()
+
+
+async def test_a_finish_that_got_no_answer_and_is_not_journaled_ends_unknown(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The finish of a run is lost on its way (the server never sees it; the worker's
+    connection closes after it sent it). The worker cannot tell whether it committed, and
+    the journal does not hold it: the attempt ends ``unknown`` and says so, neither
+    completed nor superseded. The run, still running under the lost attempt's epoch, is
+    recovered when its lease lapses and completes from its journal: its step, whose
+    completion was deferred to ride on the lost finish, is in doubt there and (idempotent)
+    runs again."""
+    registry = durable.Registry()
+    calls: list[int] = []
+    marker = "result-that-is-lost-once"
+
+    @durable.activity("t.once", registry=registry)
+    async def once(ctx: durable.ActivityContext) -> str:
+        calls.append(1)
+        return marker
+
+    @durable.workflow("t.lost_finish", registry=registry)
+    async def lost_finish(ctx: durable.WorkflowContext) -> str:
+        return str(await once(ctx))
+
+    direct = store_from_url(pg_url)
+    await direct.open()
+    try:
+        client = durable.Client(direct, registry=registry)
+        await client.start(lost_finish, id="lost-finish")
+        # the finish: the only write that carries the result
+        async with worker_behind_a_losing_proxy(
+                pg_url, registry, caplog, lambda proxy: proxy.lose_request(f'"{marker}"')):
+            run = await client.wait("lost-finish", timeout=60)
+        assert (run.state, run.result, calls) == (RunState.COMPLETED, marker, [1, 1])
+        journal = await direct.journal("lost-finish")
+        assert [e.kind for e in journal].count(EntryKind.RUN_COMPLETED) == 1
+        lost = journal[1].epoch  # run_claimed by the attempt whose finish was lost
+        events = said(caplog, "lost-finish")
+        first = [event for epoch, event in events if epoch == lost]
+        assert "conclude_outcome_unknown" in first, events
+        assert not {"run_completed", "attempt_superseded"} & set(first), events
+        assert "step_in_doubt" in [event for epoch, event in events if epoch != lost]
+        assert events[-1][1] == "run_completed" and events[-1][0] != lost, events
+    finally:
+        await direct.aclose()
