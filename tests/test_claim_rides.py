@@ -15,6 +15,7 @@ import signal
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,16 @@ def between_read_and_claim(store: Any, action: Callable[[], Awaitable[None]]) ->
     return done
 
 
+async def another_workers_attempt(store: durable.Store) -> None:
+    """Another worker claims the run, journals step 1 (t.noop of 0, done) and releases it."""
+    [other] = await store.claim("other", 30.0, 1)
+    fence = Fence(other.id, other.epoch)
+    assert await store.append(fence, [
+        JournalWrite(EntryKind.STEP_STARTED, 1, "1", "t.noop", 1, {"args": [0]}),
+        JournalWrite(EntryKind.STEP_COMPLETED, 1, "1", "t.noop", 1, {"result": 0})])
+    assert await store.release(fence)
+
+
 async def test_a_run_that_changed_since_it_was_read_runs_from_its_journal(
         client: durable.Client) -> None:
     """Read as never started, but an attempt ran (and journaled step 1) before the claim:
@@ -276,21 +287,59 @@ async def test_a_run_that_changed_since_it_was_read_runs_from_its_journal(
     store = client.store
     await client.start(steps, 2, id="c1")
 
-    async def another_workers_attempt() -> None:
-        [other] = await store.claim("other", 30.0, 1)
-        fence = Fence(other.id, other.epoch)
-        assert await store.append(fence, [
-            JournalWrite(EntryKind.STEP_STARTED, 1, "1", "t.noop", 1, {"args": [0]}),
-            JournalWrite(EntryKind.STEP_COMPLETED, 1, "1", "t.noop", 1, {"result": 0})])
-        assert await store.release(fence)
-
-    between_read_and_claim(store, another_workers_attempt)
+    between_read_and_claim(store, partial(another_workers_attempt, store))
     async with running_worker(client, registry, concurrency=1):
         done = await client.wait("c1", timeout=20)
     assert done.state is RunState.COMPLETED and done.result == 1 and done.attempt == 2
     assert calls == [1]  # step 1 came from the journal; only step 2 ran here
     journal = await client.journal("c1")
     assert kinds(journal).count("step_started") == 2  # one each, none from the dropped one
+
+
+async def test_on_postgresql_a_claim_without_entries_of_a_changed_run_runs_from_its_journal(
+        pg_url: str, anyio_backend_name: str) -> None:  # noqa: F811
+    """The same on PostgreSQL, with a claim that commits without entries: the workflow
+    code waits before its first write (longer than RIDE_WAIT), so the claim goes alone.
+    The run changed in between (another attempt journaled step 1 and released it): the
+    attempt started on the read must not run on it (it would run step 1 again); a fresh
+    one replays step 1 from the journal."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip(TRIO_SKIP)
+    calls: list[int] = []
+    registry = durable.Registry()
+    gate = anyio.Event()
+
+    @durable.activity("t.noop", registry=registry)
+    async def noop(ctx: durable.ActivityContext, i: int) -> int:
+        calls.append(i)
+        return i
+
+    @durable.workflow("t.gated", registry=registry)
+    async def gated(ctx: durable.WorkflowContext) -> int:
+        await gate.wait()  # workflow code before its first write, past RIDE_WAIT
+        return await noop(ctx, 0) + await noop(ctx, 1)
+
+    store = durable.store_from_url(pg_url)
+    await store.open()
+    try:
+        client = durable.Client(store, registry=registry)
+        await client.start(gated, id="g1")
+
+        between_read_and_claim(store, partial(another_workers_attempt, store))
+        async with running_worker(client, registry, concurrency=1):
+            # the claim committed alone (by this worker, attempt 2), then the code goes on
+            await poll(lambda: _claimed_by_a_worker(store, "g1"), timeout=20)
+            gate.set()
+            done = await client.wait("g1", timeout=20)
+        assert done.state is RunState.COMPLETED and done.result == 1 and done.attempt == 2
+        assert calls == [1]  # step 1 came from the journal; only step 2 ran here
+    finally:
+        await store.aclose()
+
+
+async def _claimed_by_a_worker(store: durable.Store, run_id: str) -> bool:
+    run = await store.get_run(run_id)
+    return run is not None and run.attempt == 2 and run.state is RunState.RUNNING
 
 
 async def test_a_run_cancelled_since_it_was_read_is_not_claimed_and_nothing_runs(

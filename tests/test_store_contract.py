@@ -325,6 +325,24 @@ async def test_claim_with_a_run_gone_or_changed_claims_nothing_or_appends_nothin
     assert (await store.claim_with("w3", LEASE, "missing", 1)).run is None
 
 
+async def test_claim_with_no_entries_of_a_run_changed_since_read_is_not_as_expected(
+        store: Store) -> None:
+    """A claim that commits without entries (its attempt made no write in time) of a run
+    that another attempt ran in between: it holds the run, but not as the caller read it
+    (``appended`` False), so the worker runs a fresh attempt on it, which reads the run's
+    journal, rather than the attempt started on the read, which knows none of it. A
+    claim as read holds it as expected."""
+    await create(store, "changed")
+    released = await claim_one(store)
+    assert await store.release(fence(released))
+    result = await store.claim_with("w2", LEASE, "changed", 1)
+    assert result.run is not None and result.run.attempt == 2 and not result.appended
+    await create(store, "again")
+    assert await store.release(fence(await claim_one(store)))
+    result = await store.claim_with("w2", LEASE, "again", 2)  # as read: attempt 2
+    assert result.run is not None and result.appended  # as expected, no entries to write
+
+
 async def _with(store: Store, run_id: str) -> Store:
     await create(store, run_id)
     return store

@@ -692,8 +692,13 @@ class PostgresStore(Store):
             if ok:
                 self._settle(done[job])
         claimed = done.get(0)
-        run = None if claimed is None else Run.from_row(claimed)
-        appended = claimed is not None and int(claimed["written"]) == 1 + len(entries)
+        if claimed is None:
+            return ClaimOutcome(finished, None, False)
+        run = Run.from_row(claimed)
+        # as the caller expected: the statement's own condition for writing the entries
+        # (with none to write, the count alone would say so of any run it claimed)
+        appended = (run.attempt == attempt and not run.cancel_requested
+                    and int(claimed["written"]) == 1 + len(entries))
         return ClaimOutcome(finished, run, appended)
 
     async def renew(
