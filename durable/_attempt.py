@@ -64,7 +64,17 @@ from ._steps import (
     describe,
     refuse_unknown,
 )
-from ._types import JSON, NEVER, EntryKind, Fence, Finish, JournalWrite, Run, RunState
+from ._types import (
+    JSON,
+    NEVER,
+    EntryKind,
+    Fence,
+    Finish,
+    JournalEntry,
+    JournalWrite,
+    Run,
+    RunState,
+)
 
 if TYPE_CHECKING:
     from ._claims import PendingClaim
@@ -298,7 +308,13 @@ class Attempt:
             written = await self.fenced(lambda: self.store.append(self.fence, batch),
                                         "append", len(batch), lazy=self._lazy_append)
         except StoreError as exc:
-            # cannot tell whether it committed: stop here and let recovery resume the run
+            # no answer: it may have committed all the same, and the journal tells when it
+            # did (only this attempt writes under its epoch); else stop here, and let
+            # recovery resume the run (what the entries say may or may not have begun)
+            if await self._wrote_last(batch):
+                self.log.warning("journal_write_confirmed", error=str(exc),
+                                 entries=len(batch))
+                return
             self.log.error("journal_write_failed", error=str(exc))
         if not written:
             self.lose("a journal write was refused, or its outcome is unknown")
@@ -613,13 +629,31 @@ class Attempt:
     async def _journaled(self, kind: EntryKind) -> bool | None:
         """Whether the run's journal holds ``kind`` under this attempt's epoch (only this
         attempt can have written it: the fence); None when the journal cannot be read."""
+        mine = await self._own_entries()
+        return None if mine is None else any(e.kind is kind for e in mine)
+
+    async def _wrote_last(self, batch: Sequence[JournalWrite]) -> bool:
+        """Whether ``batch`` is what this attempt journaled last (an append whose answer
+        was lost committed all the same): the entries under its epoch end with them, in
+        order (no two appends of an attempt journal the same entries: a step's try starts
+        and ends once). False when not, or when the journal cannot be read."""
+        mine = await self._own_entries()
+        if mine is None or len(mine) < len(batch):
+            return False
+        return [(e.kind, e.step, e.step_key, e.name, e.try_number)
+                for e in mine[len(mine) - len(batch):]] == [
+            (w.kind, w.step, w.step_key, w.name, w.try_number) for w in batch]
+
+    async def _own_entries(self) -> list[JournalEntry] | None:
+        """The run's journal entries under this attempt's epoch; None when the journal
+        cannot be read (within :data:`WRITE_TIMEOUT`)."""
         try:
             with anyio.fail_after(WRITE_TIMEOUT):
                 entries = await self.store.journal(self.run.id)
         except (StoreError, TimeoutError):
             return None
         epoch = self.fence.epoch
-        return any(e.kind is kind and e.epoch == epoch for e in entries)
+        return [e for e in entries if e.epoch == epoch]
 
     async def _finish(self, finish: Finish) -> bool:
         """The run's final state: with the worker's next claim when it has one (one commit

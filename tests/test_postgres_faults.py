@@ -264,3 +264,43 @@ async def test_a_finish_that_got_no_answer_and_is_not_journaled_ends_unknown(
         assert events[-1][1] == "run_completed" and events[-1][0] != lost, events
     finally:
         await direct.aclose()
+
+
+async def test_an_append_whose_answer_was_lost_goes_on_when_the_journal_holds_it(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The answer to the append that starts step 2 is lost after the server committed it.
+    The step is declared not safe to repeat (``on_doubt="fail"``): had the attempt given up,
+    its run would have been recovered after the lease with step 2 in doubt, and failed,
+    although step 2 never ran. The journal holds the append under the attempt's epoch, so
+    the attempt goes on: step 2 runs once, and the run completes in one attempt."""
+    registry = durable.Registry()
+    calls: list[str] = []
+    marker = "step-two-whose-start-is-answered-never"
+
+    @durable.activity("t.strict", registry=registry, on_doubt="fail")
+    async def strict(ctx: durable.ActivityContext, name: str) -> str:
+        calls.append(name)
+        return name
+
+    @durable.workflow("t.two", registry=registry)
+    async def two(ctx: durable.WorkflowContext) -> list[str]:
+        return [str(await strict(ctx, "one")), str(await strict(ctx, marker))]
+
+    direct = store_from_url(pg_url)
+    await direct.open()
+    try:
+        client = durable.Client(direct, registry=registry)
+        await client.start(two, id="lost-append")
+        # the append of step 1's completion and step 2's start: the one write with the marker
+        async with worker_behind_a_losing_proxy(
+                pg_url, registry, caplog, lambda proxy: proxy.lose_answer_to(marker)):
+            run = await client.wait("lost-append", timeout=60)
+        assert (run.state, run.result, run.attempt) == (
+            RunState.COMPLETED, ["one", marker], 1), run.error
+        assert calls == ["one", marker]
+        kinds = [e.kind.value for e in await direct.journal("lost-append")]
+        assert kinds == ["run_created", "run_claimed", "step_started", "step_completed",
+                         "step_started", "step_completed", "run_completed"]
+        assert "journal_write_confirmed" in [e for _, e in said(caplog, "lost-append")]
+    finally:
+        await direct.aclose()
