@@ -28,7 +28,7 @@ import anyio
 
 from . import _clock
 from ._errors import StoreError
-from ._types import ClaimOutcome, Finish, JournalWrite, Run
+from ._types import ClaimOutcome, EntryKind, Finish, JournalWrite, Run, RunState
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -86,8 +86,39 @@ class PendingClaim:
         except (StoreError, TimeoutError) as exc:
             self.error = exc if isinstance(exc, StoreError) else StoreError(
                 f"the claim of run {self.read.id} did not answer in {WRITE_TIMEOUT:g} s")
+            # no answer: it may have committed all the same; the run and the journal tell
+            self.outcome = await self._told(() if self.void else entries)
         self._settled()
         return self.outcome
+
+    async def _told(self, entries: Sequence[JournalWrite]) -> ClaimOutcome | None:
+        """What a claim that got no answer did, read back: the run claimed by this worker
+        as its next attempt means the claim committed (the statement is one transaction:
+        the carried finishes with it, each done if its run's journal holds its last entry
+        under its epoch; the entries written if the claim's journal ends with them). None
+        when it did not, or not yet (a statement the server still runs), or nothing can be
+        read: the attempt is dropped, and a claim that commits later waits for its lease."""
+        try:
+            with anyio.fail_after(WRITE_TIMEOUT, shield=True):
+                run = await self.store.get_run(self.read.id)
+                if (run is None or run.state is not RunState.RUNNING
+                        or run.worker != self.worker_id
+                        or run.attempt != self.read.attempt + 1):
+                    return None
+                mine = [e for e in await self.store.journal(run.id) if e.epoch == run.epoch]
+                finished = []
+                for f in self.carried:
+                    last = f.entries[-1].kind if f.entries else None
+                    finished.append(last is not None and any(
+                        e.kind is last and e.epoch == f.fence.epoch
+                        for e in await self.store.journal(f.fence.run_id)))
+        except (StoreError, TimeoutError):
+            return None
+        written = [(e.kind, e.step, e.step_key, e.name, e.try_number)
+                   for e in mine if e.kind is not EntryKind.RUN_CLAIMED]
+        appended = (not run.cancel_requested and written == [
+            (w.kind, w.step, w.step_key, w.name, w.try_number) for w in entries])
+        return ClaimOutcome(tuple(finished), run, appended)
 
     async def drop(self) -> None:
         """Give up the claim (its attempt stopped before it): the carried finishes commit

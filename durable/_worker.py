@@ -416,6 +416,9 @@ class Worker:
             self._wake.set()
             return
         sent, sent_boot = claim.sent
+        if claim.error is not None:  # no answer, but the run and its journal told
+            attempt.log.warning("claim_confirmed", error=str(claim.error),
+                                as_expected=outcome.appended)
         if outcome.appended and not claim.void:
             attempt.adopt(outcome.run, sent, sent_boot)
             self.active[attempt.fence] = attempt

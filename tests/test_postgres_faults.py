@@ -190,14 +190,16 @@ def said(caplog: pytest.LogCaptureFixture, run_id: str) -> list[tuple[int, str]]
             if getattr(r, "fields", {}).get("workflow_id") == run_id]
 
 
-async def test_a_finish_whose_answer_was_lost_is_told_from_the_journal(
+async def test_a_claim_whose_answer_was_lost_is_read_back_with_the_finish_it_carried(
         pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker's connection is lost after it sent the claim of its next run carrying the
     finish of its previous one (claim_with), and after the server committed it (tests/
-    pgproxy.py withholds the answer). The worker cannot tell what happened, so it sends the
-    finish again on its own; the fence refuses it, since the run is completed already. The
-    attempt must not say it was superseded: its journal holds its own run_completed, and
-    that is what it says."""
+    pgproxy.py withholds the answer). The run read back says this worker claimed it as its
+    next attempt, the journals say the entries and the finish were written: the attempt
+    goes on, with no recovery after the lease and no step in doubt, and the previous run
+    says it completed. (Before: the finish was sent again on its own, refused by the fence
+    as the run was completed already, and logged ``attempt_superseded``; the claimed run
+    waited for its lease.)"""
     registry, workflow = steps_registry()
     monkeypatch.setattr(_claims, "RIDE_WAIT", 30.0)  # the next claim carries the finish
     direct = store_from_url(pg_url)
@@ -210,29 +212,34 @@ async def test_a_finish_whose_answer_was_lost_is_told_from_the_journal(
         async with worker_behind_a_losing_proxy(
                 pg_url, registry, caplog, lambda proxy: proxy.lose_answer_to("second-lost")):
             first = await client.wait("first", timeout=30)
-            # its claim committed, unknown to the worker: its lease lapses
-            second = await client.wait("second-lost", timeout=60)
+            second = await client.wait("second-lost", timeout=30)
         assert (first.state, second.state) == (RunState.COMPLETED, RunState.COMPLETED)
-        assert (first.result, second.result) == (1, 1)
+        assert (first.result, second.result, second.attempt) == (1, 1, 1)
+        assert [e.kind.value for e in await direct.journal("second-lost")] == [
+            "run_created", "run_claimed", "step_started", "step_completed", "step_started",
+            "step_completed", "run_completed"]
+        assert "claim_confirmed" in [e for _, e in said(caplog, "second-lost")]
         events = [event for _, event in said(caplog, "first")]
         assert "attempt_superseded" not in events and "conclude_failed" not in events, events
-        assert events[-2:] == ["conclude_confirmed", "run_completed"], events
+        assert events[-1] == "run_completed", events
     finally:
         await direct.aclose()
 
 
-async def test_a_finish_that_got_no_answer_and_is_not_journaled_ends_unknown(
-        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    """The finish of a run is lost on its way (the server never sees it; the worker's
-    connection closes after it sent it). The worker cannot tell whether it committed, and
-    the journal does not hold it: the attempt ends ``unknown`` and says so, neither
-    completed nor superseded. The run, still running under the lost attempt's epoch, is
-    recovered when its lease lapses and completes from its journal: its step, whose
-    completion was deferred to ride on the lost finish, is in doubt there and (idempotent)
-    runs again."""
+@pytest.mark.parametrize("lost", ["answer", "request"])
+async def test_a_finish_that_got_no_answer_is_told_from_the_journal(
+        pg_url: str, caplog: pytest.LogCaptureFixture, lost: str) -> None:
+    """The finish of a run gets no answer. When the server committed it (its answer lost),
+    the journal holds its run_completed under the attempt's epoch: the attempt says the
+    run completed (``conclude_confirmed``). When the server never saw it (the request
+    lost), the journal does not hold it, and the attempt cannot tell whether it will
+    commit yet: it ends ``unknown`` and says so, neither completed nor superseded; the run,
+    still running under the lost attempt's epoch, is recovered when its lease lapses and
+    completes from its journal (its step, whose completion was deferred to ride on the
+    lost finish, is in doubt there and, idempotent, runs again)."""
     registry = durable.Registry()
     calls: list[int] = []
-    marker = "result-that-is-lost-once"
+    marker = "result-of-a-finish-that-gets-no-answer"
 
     @durable.activity("t.once", registry=registry)
     async def once(ctx: durable.ActivityContext) -> str:
@@ -243,25 +250,34 @@ async def test_a_finish_that_got_no_answer_and_is_not_journaled_ends_unknown(
     async def lost_finish(ctx: durable.WorkflowContext) -> str:
         return str(await once(ctx))
 
+    def arm(proxy: LosingProxy) -> None:  # the finish: the only write with the result
+        if lost == "answer":
+            proxy.lose_answer_to(f'"{marker}"')
+        else:
+            proxy.lose_request(f'"{marker}"')
+
     direct = store_from_url(pg_url)
     await direct.open()
     try:
         client = durable.Client(direct, registry=registry)
         await client.start(lost_finish, id="lost-finish")
-        # the finish: the only write that carries the result
-        async with worker_behind_a_losing_proxy(
-                pg_url, registry, caplog, lambda proxy: proxy.lose_request(f'"{marker}"')):
+        async with worker_behind_a_losing_proxy(pg_url, registry, caplog, arm):
             run = await client.wait("lost-finish", timeout=60)
-        assert (run.state, run.result, calls) == (RunState.COMPLETED, marker, [1, 1])
         journal = await direct.journal("lost-finish")
         assert [e.kind for e in journal].count(EntryKind.RUN_COMPLETED) == 1
-        lost = journal[1].epoch  # run_claimed by the attempt whose finish was lost
+        assert (run.state, run.result) == (RunState.COMPLETED, marker)
+        lost_epoch = journal[1].epoch  # run_claimed by the attempt whose finish got none
         events = said(caplog, "lost-finish")
-        first = [event for epoch, event in events if epoch == lost]
-        assert "conclude_outcome_unknown" in first, events
-        assert not {"run_completed", "attempt_superseded"} & set(first), events
-        assert "step_in_doubt" in [event for epoch, event in events if epoch != lost]
-        assert events[-1][1] == "run_completed" and events[-1][0] != lost, events
+        first = [event for epoch, event in events if epoch == lost_epoch]
+        assert "attempt_superseded" not in first, events
+        if lost == "answer":
+            assert (run.attempt, calls) == (1, [1])
+            assert first[-2:] == ["conclude_confirmed", "run_completed"], events
+            return
+        assert (run.attempt, calls) == (2, [1, 1])
+        assert "conclude_outcome_unknown" in first and "run_completed" not in first, events
+        assert "step_in_doubt" in [e for epoch, e in events if epoch != lost_epoch]
+        assert events[-1][1] == "run_completed" and events[-1][0] != lost_epoch, events
     finally:
         await direct.aclose()
 
