@@ -41,6 +41,7 @@ from ._errors import (
     StaleRecordError,
     StepInDoubtError,
     StoreError,
+    StoreUnavailableError,
 )
 from ._history import History
 from ._interceptors import (
@@ -432,10 +433,19 @@ class Attempt:
             self._signalled(exc)
         except Suspended as exc:  # a long wait: the run is released until it is due
             outcome = ("suspended", exc)
+        except StoreUnavailableError as exc:
+            self._store_failed(exc)
         except Exception as exc:
             outcome = ("failed", exc)
         except BaseExceptionGroup as group:  # from a task group in the workflow
             stops, others = group.split(AttemptCancelled)
+            if others is not None:
+                failed, others = others.split(StoreUnavailableError)
+                if failed is not None:
+                    first: BaseException = failed
+                    while isinstance(first, BaseExceptionGroup):
+                        first = first.exceptions[0]
+                    self._store_failed(first)
             waits, rest = (None, others) if others is None else others.split(Suspended)
             if stops is not None:
                 self._signalled(_first(stops))
@@ -485,6 +495,18 @@ class Attempt:
         if cleanup.cancelled_caught:
             self.log.error("conclude_timed_out", timeout=CLEANUP_TIMEOUT)
         return ended
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """A store call the engine made for the workflow (a read of its records, of its
+        journal, of the time; a record write whose outcome is unknown) could not reach
+        the database: not the workflow's failure, and nothing to fail the run for. The
+        attempt stops and gives the run back, to be resumed from its journal (a lost
+        connection, a restart), or, if the store stays unreachable, leaves it to a
+        recovery once its lease lapses. (Other store errors, a statement the database
+        refused, would come back on every attempt: they fail the run.)"""
+        self.log.error("store_failed", error=str(exc))
+        if self.stopping is None:  # journaled (run_interrupted): never a credential
+            self.stopping = f"the store failed: {redact(str(exc))}"
 
     def _signalled(self, exc: AttemptCancelled) -> None:
         if isinstance(exc, LeaseLostError):  # a refusal, or a service said "superseded"

@@ -61,6 +61,7 @@ import anyio  # noqa: E402
 import durable  # noqa: E402
 import workflows  # noqa: E402,F401  (registers the operations: each activity's on_doubt)
 from durable.store import store_from_url  # noqa: E402
+from tests.pgproxy import LosingProxy, losing_proxy  # noqa: E402
 from workflows.records import Slot, seed_slot  # noqa: E402
 
 try:
@@ -86,7 +87,7 @@ FAULT_PATHS = [  # (method, glob) of the requests the workflows send
     ("POST", "/hooks/*"),
 ]
 ACTIONS = {"kill": 1, "term": 1, "freeze": 1, "fault": 3, "cancel": 1, "term_cancel": 1,
-           "replay": 1, "start": 2, "pg_terminate": 1}
+           "replay": 1, "start": 2, "pg_terminate": 1, "pg_lose": 2}
 
 
 @dataclass
@@ -117,6 +118,8 @@ class Torture:
     started: list[str] = field(default_factory=list)
     hang_release_at: list[float] = field(default_factory=list)
     stuck: dict[str, float] = field(default_factory=dict)
+    proxy: LosingProxy | None = None
+    """PostgreSQL: the workers reach the server through it (``pg_lose``)."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -129,7 +132,8 @@ class Torture:
         n = len(self.procs)
         log = (self.tmp / f"worker-{n}.log").open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "durable.worker", "--db", self.db_url,
+            [sys.executable, "-m", "durable.worker", "--db",
+             self.db_url if self.proxy is None else self.proxy.url(self.db_url),
              "--import", "workflows", "--lease", str(self.lease), "--poll", "0.05",
              "--grace", str(GRACE), "--concurrency", "8", "--log-level", "warning"],
             cwd=ROOT, env=self.env(), start_new_session=True, stdin=subprocess.DEVNULL,
@@ -251,6 +255,19 @@ class Torture:
         elif action == "pg_terminate" and self.backend == "postgres":
             self.counts["PostgreSQL connections terminated"] += terminate_connections(
                 self.db_url)
+        elif action == "pg_lose" and self.proxy is not None:
+            # the next statement of a worker that names a run not finished (a claim, an
+            # append, a finish, a renewal, a read): its answer lost after the server ran
+            # it, or the statement itself lost; the connection closed either way
+            unfinished = sorted(r.id for r in await client.list(limit=1000)
+                                if not r.state.finished)
+            if not unfinished:
+                return
+            run_id = self.rng.choice(unfinished)
+            if self.rng.random() < 0.5:
+                self.proxy.lose_answer_to(run_id)
+            else:
+                self.proxy.lose_request(run_id)
         elif action == "replay":
             done = [r for r in await client.list(limit=1000)
                     if r.state in (durable.RunState.FAILED, durable.RunState.CANCELLED)]
@@ -338,6 +355,12 @@ class Torture:
                 self.stuck[run.id] = max(self.stuck.get(run.id, 0.0), now - run.lease_expires_at)
 
     async def run(self) -> dict[str, Any]:
+        if self.backend != "postgres":
+            return await self._run()
+        async with losing_proxy(PG_SERVER) as self.proxy:
+            return await self._run()
+
+    async def _run(self) -> dict[str, Any]:
         began = time.monotonic()
         chaos_end = began + CHAOS_SHARE * self.budget
         end = began + self.budget
@@ -385,6 +408,9 @@ class Torture:
 
     # -- the checks --------------------------------------------------------------------------
     async def check(self, client: durable.Client, store: Any) -> dict[str, Any]:
+        if self.proxy is not None:
+            self.counts["PostgreSQL answers lost"] = self.proxy.answers_lost
+            self.counts["PostgreSQL statements lost"] = self.proxy.requests_lost
         runs = {r.id: r for r in await store.list_runs(limit=10_000)}
         journals = {run_id: await store.journal(run_id) for run_id in runs}
         ledger = self.services.ledger()

@@ -33,7 +33,9 @@ class LosingProxy:
         self._marker: bytes | None = None
         self._unsent = False  # the marked request itself is lost, not its answer
         self.lost = anyio.Event()
-        """Set once an answer was withheld (and its connection closed)."""
+        """Set once an answer was withheld, or a request lost (its connection closed)."""
+        self.answers_lost = 0
+        self.requests_lost = 0
 
     def url(self, store_url: str) -> str:
         """``store_url`` with its host and port this proxy's."""
@@ -59,7 +61,11 @@ class LosingProxy:
             await listener.serve(self._connection, task_group=self._tg)
 
     async def _connection(self, client: SocketStream) -> None:
-        server = await anyio.connect_tcp(*self.target)
+        try:
+            server = await anyio.connect_tcp(*self.target)
+        except OSError:  # the server is down: so is this connection (as without a proxy)
+            await client.aclose()
+            return
         cut = anyio.Event()  # this connection's marked request went through
 
         def lost_up(data: bytes) -> bool:  # a request: lost itself, or its answer next
@@ -67,6 +73,7 @@ class LosingProxy:
                 return False
             self._marker = None
             if self._unsent:
+                self.requests_lost += 1
                 self.lost.set()
                 return True
             cut.set()
@@ -74,6 +81,7 @@ class LosingProxy:
 
         def lost_down(data: bytes) -> bool:  # an answer: lost if it is the marked one's
             if cut.is_set():
+                self.answers_lost += 1
                 self.lost.set()
             return cut.is_set()
 

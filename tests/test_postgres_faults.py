@@ -320,3 +320,45 @@ async def test_an_append_whose_answer_was_lost_goes_on_when_the_journal_holds_it
         assert "journal_write_confirmed" in [e for _, e in said(caplog, "lost-append")]
     finally:
         await direct.aclose()
+
+
+async def test_a_read_that_loses_its_connection_gives_the_run_back_not_fails_it(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A workflow's read of a record loses its connection (the statement lost on its way):
+    the database could not be reached, which is not the workflow's failure. The attempt
+    stops and gives the run back (``run_interrupted``, the reason journaled); the next
+    attempt resumes from the journal, step 1 not run again. (Before: the run failed with
+    the StoreUnavailableError as its error.)"""
+    registry = durable.Registry()
+    calls: list[str] = []
+    marker = "record-whose-read-is-lost-once"
+
+    @durable.activity("t.step", registry=registry)
+    async def step(ctx: durable.ActivityContext, name: str) -> str:
+        calls.append(name)
+        return name
+
+    @durable.workflow("t.reads", registry=registry)
+    async def reads(ctx: durable.WorkflowContext) -> list[Any]:
+        one = await step(ctx, "one")
+        value = await ctx.get_record("ns", marker)
+        return [one, value, await step(ctx, "two")]
+
+    direct = store_from_url(pg_url)
+    await direct.open()
+    try:
+        client = durable.Client(direct, registry=registry)
+        await client.start(reads, id="lost-read")
+        async with worker_behind_a_losing_proxy(
+                pg_url, registry, caplog, lambda proxy: proxy.lose_request(marker)):
+            run = await client.wait("lost-read", timeout=30)
+        assert (run.state, run.result, run.attempt) == (
+            RunState.COMPLETED, ["one", None, "two"], 2), run.error
+        assert calls == ["one", "two"]
+        journal = await direct.journal("lost-read")
+        interrupted = [e for e in journal if e.kind is EntryKind.RUN_INTERRUPTED]
+        assert len(interrupted) == 1
+        assert str(interrupted[0].data["reason"]).startswith("the store failed: cannot reach")
+        assert "store_failed" in [e for _, e in said(caplog, "lost-read")]
+    finally:
+        await direct.aclose()
