@@ -16,9 +16,12 @@ from ._clock import Clock
 from ._errors import (
     ConfigError,
     InvalidStateError,
+    NotSentError,
     RunConflictError,
     RunNotFoundError,
     RunPrunedError,
+    StoreError,
+    StoreUnavailableError,
 )
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
@@ -177,8 +180,13 @@ class Client:
             info = StartInfo(run_id, name, key)
             tell(self._chain.start, info)
             headers = {str(k): str(v) for k, v in info.headers.items()} or None
-        run, created = await self.store.create_run(
-            NewRun(run_id, name, arg_list, key, when, timeout, headers=headers))
+        new = NewRun(run_id, name, arg_list, key, when, timeout, headers=headers)
+        try:
+            run, created = await self.store.create_run(new)
+        except NotSentError:
+            raise  # nothing was sent: nothing was queued
+        except StoreUnavailableError as exc:
+            run, created = await self._start_again(new, exc)
         if not created and (run.workflow != name or run.args != arg_list or run.key != key):
             raise RunConflictError(
                 f"run id {run_id!r} already belongs to a {run.workflow} run with arguments "
@@ -189,6 +197,24 @@ class Client:
             _wake.hub(self.store).work(run.id)  # this process's workers claim it now
             self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
         return run
+
+    async def _start_again(self, new: NewRun, exc: StoreError) -> tuple[Run, bool]:
+        """A start that got no answer may have queued its run all the same (the insert
+        committed, its answer lost): left there, a caller who tries again without the id
+        (an id of its own, here) would queue the operation twice. The id is known, and a
+        start is idempotent by id: it is sent once more, and tells. ``created`` is then
+        True when either did (the run is as asked, with no attempt yet: a run of that id
+        from before would be taken as this one, as idempotence means)."""
+        self.log.warning("start_outcome_unknown", workflow_id=new.id, error=str(exc))
+        try:
+            run, created = await self.store.create_run(new)
+        except StoreError as again:
+            raise StoreUnavailableError(
+                f"the start of run {new.id!r} got no answer ({again}): it may have been "
+                f"queued; look it up (durable show {new.id}), or start it again with id "
+                f"{new.id!r}, which does nothing if it was") from again
+        return run, created or (run.workflow == new.workflow and run.args == new.args
+                                and run.key == new.key and run.attempt == 0)
 
     # -- reading (with stale recovery on the read path) ----------------------------------------
     async def _recover(self, run: Run) -> Run:

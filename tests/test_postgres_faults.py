@@ -362,3 +362,36 @@ async def test_a_read_that_loses_its_connection_gives_the_run_back_not_fails_it(
         assert "store_failed" in [e for _, e in said(caplog, "lost-read")]
     finally:
         await direct.aclose()
+
+
+async def test_a_start_whose_answer_was_lost_is_sent_again_and_queues_one_run(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The answer to a start (the insert of the run) is lost after the server committed
+    it. The client knows the id it chose, and a start is idempotent by id: it sends it
+    again, and returns the run, queued once. (Before: the start raised, with the run
+    queued under an id the caller never saw; a caller trying again queued it twice.)"""
+    marker = "an-argument-whose-start-is-answered-never"
+    async with losing_proxy(split_url(pg_url)[0]) as proxy:
+        proxy.lose_answer_to(marker)
+        store = store_from_url(proxy.url(pg_url))
+        await store.open()
+        try:
+            client = durable.Client(store)
+            with caplog.at_level(logging.INFO, logger="durable"):
+                run = await client.start("t.anything", marker)
+            assert proxy.answers_lost == 1
+            runs = await store.list_runs(workflow="t.anything")
+        finally:
+            await store.aclose()
+    assert [(r.id, r.args, r.state) for r in runs] == [(run.id, [marker], RunState.QUEUED)]
+    assert [e.kind for e in await _journal(pg_url, run.id)] == [EntryKind.RUN_CREATED]
+    assert [e for _, e in said(caplog, run.id)] == ["start_outcome_unknown", "run_started"]
+
+
+async def _journal(url: str, run_id: str) -> list[Any]:
+    store = store_from_url(url)
+    await store.open()
+    try:
+        return await store.journal(run_id)
+    finally:
+        await store.aclose()
