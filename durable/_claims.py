@@ -97,7 +97,9 @@ class PendingClaim:
         the carried finishes with it, each done if its run's journal holds its last entry
         under its epoch; the entries written if the claim's journal ends with them). None
         when it did not, or not yet (a statement the server still runs), or nothing can be
-        read: the attempt is dropped, and a claim that commits later waits for its lease."""
+        read: the attempt is dropped, and a claim that commits later waits for its lease.
+        (A worker's id is its own: the default names the host, the process and a random
+        suffix; two live workers given one id would already share their leases.)"""
         try:
             with anyio.fail_after(WRITE_TIMEOUT, shield=True):
                 run = await self.store.get_run(self.read.id)
