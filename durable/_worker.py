@@ -17,8 +17,8 @@ from anyio.lowlevel import cancel_shielded_checkpoint
 
 from . import _clock, _gc, _liveness, _wake
 from ._attempt import Attempt
-from ._claims import PendingClaim
-from ._errors import ConfigError, DurableError, StoreError
+from ._claims import WRITE_TIMEOUT, PendingClaim
+from ._errors import ConfigError, DurableError, NotSentError, StoreError
 from ._interceptors import Chain, ClaimInfo, Interceptor, RenewInfo, around, tell
 from ._logging import get_logger
 from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
@@ -26,7 +26,7 @@ from ._registry import Registry, Workflow, default_registry
 from ._retention import prune
 from ._schedules import Scheduler
 from ._steps import DEFAULT_WAIT_THRESHOLD
-from ._types import Fence, Finish, Run, RunState
+from ._types import EntryKind, Fence, Finish, JournalWrite, Run, RunState
 from .store import Store
 
 SPAWN_WAVE = 4
@@ -323,6 +323,8 @@ class Worker:
                         failures += 1
                         self._more_queued = True  # not known: the next attempt's end claims
                         self.log.error("claim_failed", error=str(exc), failures=failures)
+                        if not isinstance(exc, NotSentError):
+                            await self._give_back_unheld()
                     for i, run in enumerate(claimed):
                         if i and i % SPAWN_WAVE == 0:
                             # in waves: the attempts started so far run on to their first
@@ -340,6 +342,33 @@ class Worker:
             with anyio.move_on_after(wait):
                 await self._wake.wait()
             self._wake = anyio.Event()
+
+    async def _give_back_unheld(self) -> None:
+        """A claim got no answer: it may have claimed runs all the same, which no attempt
+        here holds. Left alone they would wait for their lease (nothing runs them); read
+        back, they are given back at once (a fenced release, ``run_interrupted``), to be
+        claimed again. Released, not run here under the epoch read: a run of this worker
+        whose attempt ended with its final write unanswered reads the same, and a release
+        is as safe as the recovery that the lease would bring (it is refused if that final
+        write committed first). A best effort: what it cannot read or release waits for
+        its lease, as before."""
+        held = {a.run.id for a in self.active.values()} | set(self.pending)
+        released = []
+        with anyio.move_on_after(WRITE_TIMEOUT, shield=True):
+            try:
+                running = await self.store.list_runs(state=RunState.RUNNING, limit=1000)
+                for run in running:
+                    if run.worker != self.worker_id or run.id in held:
+                        continue
+                    if await self.store.release(Fence(run.id, run.epoch), [JournalWrite(
+                            EntryKind.RUN_INTERRUPTED,
+                            data={"reason": "its claim got no answer"})]):
+                        released.append(run.id)
+            except StoreError as exc:
+                self.log.warning("claim_read_back_failed", error=str(exc))
+        if released:
+            self.log.warning("claim_given_back", runs=released)
+            self._wake.set()
 
     def _free_slots(self) -> int:
         """Runs this worker may take on now (its attempts running or claiming count)."""

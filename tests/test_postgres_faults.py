@@ -395,3 +395,37 @@ async def _journal(url: str, run_id: str) -> list[Any]:
         return await store.journal(run_id)
     finally:
         await store.aclose()
+
+
+async def test_runs_of_a_claim_whose_answer_was_lost_are_given_back_at_once(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker with free slots claims by the usual statement; its answer is lost after
+    the server committed it. The claimed runs, held by no attempt, would wait for their
+    lease (30 s here); the worker reads them back and gives them back at once
+    (``run_interrupted``), and claims them again."""
+    registry, workflow = steps_registry()
+    direct = store_from_url(pg_url)
+    await direct.open()
+    try:
+        client = durable.Client(direct, registry=registry)
+        await client.start(workflow, 2, id="claimed-unknowingly")
+        me = "worker-whose-claim-is-answered-never"
+        async with losing_proxy(split_url(pg_url)[0]) as proxy:
+            proxy.lose_answer_to(me)  # its first statement naming it: the claim
+            store = store_from_url(proxy.url(pg_url))
+            await store.open()
+            try:
+                with caplog.at_level(logging.INFO, logger="durable"):
+                    async with running_worker(durable.Client(store, registry=registry),
+                                              registry, concurrency=4, lease=30.0,
+                                              worker_id=me):
+                        run = await client.wait("claimed-unknowingly", timeout=15)
+            finally:
+                await store.aclose()
+            assert proxy.answers_lost == 1
+        assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, 1, 2)
+        kinds = [e.kind.value for e in await direct.journal("claimed-unknowingly")]
+        assert kinds[:4] == ["run_created", "run_claimed", "run_interrupted", "run_claimed"]
+        assert "claim_given_back" in [getattr(r, "event", None) for r in caplog.records]
+    finally:
+        await direct.aclose()
