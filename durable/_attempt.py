@@ -269,9 +269,13 @@ class Attempt:
             raise self.refusal()
 
     def refusal(self) -> LeaseLostError:
+        """What is raised at a write or request refused to this attempt: nothing more is
+        written or sent (what the last write did, when its outcome is unknown, is for
+        the journal to say: the reason names it)."""
+        why = "" if self.lease.lost is None else f" ({self.lease.lost})"
         return LeaseLostError(
             f"attempt {self.run.attempt} of run {self.run.id} (epoch {self.run.epoch}) "
-            "no longer holds its lease; nothing was written or sent"
+            f"no longer holds its lease{why}; nothing more is written or sent"
         )
 
     def cleanup_scope(self, timeout: float | None) -> Any:
