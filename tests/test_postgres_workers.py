@@ -239,7 +239,10 @@ async def test_four_workers_complete_2000_runs_once_and_take_over_a_killed_worke
         assert rec["at"] >= data["lease_expired_at"]
         assert data["lease_expired_at"] <= killed_at + LEASE  # the last renewal came before
         if rec["run_id"] in held:
-            assert data["lease_expired_at"] == held[rec["run_id"]]["lease_expires_at"]
+            # the lease read after the kill, or later: a renewal the victim sent just
+            # before it died may still have run on the server after that read (seen once
+            # in CI: 0.18 s later), never beyond the bound above
+            assert data["lease_expired_at"] >= held[rec["run_id"]]["lease_expires_at"]
         later = [e for e in journal if e["run_id"] == rec["run_id"] and e["seq"] > rec["seq"]]
         assert later[0]["kind"] == "run_claimed"
         assert later[0]["epoch"] > rec["epoch"] and later[0]["at"] >= data["lease_expired_at"]
