@@ -75,6 +75,7 @@ from ._types import (
     JournalWrite,
     Run,
     RunState,
+    journaled_as,
 )
 
 if TYPE_CHECKING:
@@ -663,12 +664,9 @@ class Attempt:
         was lost committed all the same): the entries under its epoch end with them, in
         order (no two appends of an attempt journal the same entries: a step's try starts
         and ends once). False when not, or when the journal cannot be read."""
+        assert batch  # (an empty append is never sent)
         mine = await self._own_entries()
-        if mine is None or len(mine) < len(batch):
-            return False
-        return [(e.kind, e.step, e.step_key, e.name, e.try_number)
-                for e in mine[len(mine) - len(batch):]] == [
-            (w.kind, w.step, w.step_key, w.name, w.try_number) for w in batch]
+        return mine is not None and journaled_as(mine[-len(batch):], batch)
 
     async def _own_entries(self) -> list[JournalEntry] | None:
         """The run's journal entries under this attempt's epoch; None when the journal

@@ -28,7 +28,15 @@ import anyio
 
 from . import _clock
 from ._errors import StoreError
-from ._types import ClaimOutcome, EntryKind, Finish, JournalWrite, Run, RunState
+from ._types import (
+    ClaimOutcome,
+    EntryKind,
+    Finish,
+    JournalWrite,
+    Run,
+    RunState,
+    journaled_as,
+)
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -116,10 +124,8 @@ class PendingClaim:
                         for e in await self.store.journal(f.fence.run_id)))
         except (StoreError, TimeoutError):
             return None
-        written = [(e.kind, e.step, e.step_key, e.name, e.try_number)
-                   for e in mine if e.kind is not EntryKind.RUN_CLAIMED]
-        appended = (not run.cancel_requested and written == [
-            (w.kind, w.step, w.step_key, w.name, w.try_number) for w in entries])
+        appended = not run.cancel_requested and journaled_as(
+            [e for e in mine if e.kind is not EntryKind.RUN_CLAIMED], entries)
         return ClaimOutcome(tuple(finished), run, appended)
 
     async def drop(self) -> None:

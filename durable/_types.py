@@ -6,7 +6,7 @@ import enum
 import json
 import json.encoder
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -303,6 +303,13 @@ class JournalEntry:
             attempt=counter if step is None else None,
             data=loads(row["data"]) or {},
         )
+
+
+def journaled_as(entries: Sequence[JournalEntry], writes: Sequence[JournalWrite]) -> bool:
+    """Whether ``entries`` are ``writes`` as journaled, in order (kind, step, key, name and
+    try: an attempt journals a step's try once, so they tell a write read back)."""
+    return [(e.kind, e.step, e.step_key, e.name, e.try_number) for e in entries] == [
+        (w.kind, w.step, w.step_key, w.name, w.try_number) for w in writes]
 
 
 @attrs.frozen
