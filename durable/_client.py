@@ -194,7 +194,10 @@ class Client:
                 f"{dumps(arg_list)} and {_key_text(key)}); choose another id"
             )
         if created:
-            _wake.hub(self.store).work(run.id)  # this process's workers claim it now
+            hub = _wake.hub(self.store)
+            hub.work(run.id, run)  # this process's workers claim it now
+            if hub.workers:
+                self.store.told_here(run.id)  # its change signal is no news to them
             self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
         return run
 

@@ -81,7 +81,7 @@ class Beacon:
 
 
 class LocalWorker(Protocol):
-    def wake(self, run_id: str | None = None) -> None: ...
+    def wake(self, run_id: str | None = None, run: Run | None = None) -> None: ...
 
     def cancel_local(self, run_id: str) -> None: ...
 
@@ -139,12 +139,12 @@ class Hub:
             self.settled.pop(run_id, None)
             self.ends.pop(run_id, None)
 
-    def work(self, run_id: str | None = None) -> None:
-        """A run became claimable here (``run_id``: a run just created, else any number):
-        wake the claim loops of this process's workers (a worker that claimed that run
-        already, after a change signal, stays asleep)."""
+    def work(self, run_id: str | None = None, run: Run | None = None) -> None:
+        """A run became claimable here (``run_id``: a run just created, else any number;
+        ``run``: that run as created): wake the claim loops of this process's workers (a
+        worker that claimed that run already, after a change signal, stays asleep)."""
         for worker in list(self.workers):
-            worker.wake(run_id)
+            worker.wake(run_id, run)
 
     def cancel(self, run_id: str) -> None:
         """An operator cancel committed: stop the attempt of this process holding it."""

@@ -44,6 +44,12 @@ BUSY_LOOK_GAP = 0.01
 read of the held runs' cancel flags): its own commits are changes too (SQLite)."""
 
 
+HANDED_KEPT = 2
+"""Runs handed over by starts in this process (:meth:`Worker.wake`) kept until the claim
+loop looks: only one alone is claimed without a read, so a second is kept only to know
+that, and more are not kept."""
+
+
 class Worker:
     """Runs workflows from a store: those of ``registry`` (default: the decorators'
     :data:`durable.default_registry`) and the ``workflows`` given explicitly, by object.
@@ -166,6 +172,14 @@ class Worker:
         self._awaited: set[str] = set()
         """Runs :meth:`wake` was told of while a claim was under way: claimed again for
         after it unless it took them."""
+        self._handed: dict[str, Run] = {}
+        """Runs started in this process and handed over as created (:meth:`wake`), not
+        claimed yet: one alone is claimed riding on its first write without a read first
+        (:meth:`_hand_claims`)."""
+        self._read_owed = True
+        """Whether something besides a hand-over woke the claim loop since its last read
+        (a change signal, a poll, an attempt's end, a run made due): the next claim reads
+        what is queued."""
         self._wake_owed = False
         """An attempt's end would have woken the claim loop while no slot was free (the
         claim that rode on its finish took the slot): the next end that frees one wakes it
@@ -216,13 +230,24 @@ class Worker:
         self._changed.set()
         self._schedule_wake.set()
 
-    def wake(self, run_id: str | None = None) -> None:
+    def wake(self, run_id: str | None = None, run: Run | None = None) -> None:
         """Look for work now rather than at the next poll. ``run_id``: the one run that
         became claimable (a run just created): when a claim is under way (a change signal
-        came first), a claim after it only if that one did not take it."""
+        came first), a claim after it only if that one did not take it. ``run``: that run
+        as its start created it in this process; when nothing else is known to be queued,
+        its claim rides on its first write without reading what is queued first."""
+        if run is not None and run_id == run.id and len(self._handed) < HANDED_KEPT:
+            self._handed[run.id] = run
+        else:  # more than one at once are claimed by a read (the claim's order) anyway
+            self._read_owed = True
         if run_id is not None and self._claiming:
             self._awaited.add(run_id)
             return
+        self._wake.set()
+
+    def _rouse(self) -> None:
+        """Wake the claim loop to read what is queued."""
+        self._read_owed = True
         self._wake.set()
 
     def wake_scheduler(self) -> None:
@@ -231,7 +256,7 @@ class Worker:
 
     def _fired(self) -> None:
         _wake.hub(self.store).work()  # this process's workers claim the fire's run now
-        self._wake.set()
+        self._rouse()
 
     def cancel_local(self, run_id: str) -> None:
         """An operator cancel of ``run_id`` committed in this process (:mod:`._wake`): stop
@@ -297,7 +322,13 @@ class Worker:
                 self._claiming, took = True, frozenset[str]()
                 try:
                     try:
-                        read = None if free > 1 else await self._read_claims(free, workflows)
+                        # one run at a time (nothing more was queued at the last claim):
+                        # its claim rides on its first write, whatever the free slots
+                        read = None
+                        if free == 1 or not self._more_queued:
+                            read = self._hand_claims(free, workflows)
+                            if read is None:
+                                read = await self._read_claims(min(free, 2), workflows)
                         if read is not None:  # claims that ride on the attempts' first writes
                             took = frozenset(claim.read.id for claim in read)
                             for claim in read:
@@ -306,6 +337,8 @@ class Worker:
                             if len(read) == free:
                                 continue
                         else:
+                            # this claim reads all that is queued, handed over or not
+                            self._handed, self._read_owed = {}, False
                             ramp = self.store.claim_ramp
                             if ramp is not None and free > ramp:
                                 # the rest by the next claim, at once (Store.claim_ramp)
@@ -339,9 +372,11 @@ class Worker:
             if self._stopping:
                 break
             wait = self.poll_interval * min(2 ** failures, 20)
-            with anyio.move_on_after(wait):
+            with anyio.move_on_after(wait) as polled:
                 await self._wake.wait()
             self._wake = anyio.Event()
+            if polled.cancelled_caught:
+                self._read_owed = True
 
     async def _give_back_unheld(self) -> None:
         """A claim got no answer: it may have claimed runs all the same, which no attempt
@@ -368,7 +403,7 @@ class Worker:
                 self.log.warning("claim_read_back_failed", error=str(exc))
         if released:
             self.log.warning("claim_given_back", runs=released)
-            self._wake.set()
+            self._rouse()
 
     def _free_slots(self) -> int:
         """Runs this worker may take on now (its attempts running or claiming count)."""
@@ -378,9 +413,13 @@ class Worker:
         """A claim ended, having taken the runs ``took``: the runs :meth:`wake` was told of
         meanwhile that it did not take are claimed for next."""
         self._claiming = False
+        for run_id in took:
+            self._handed.pop(run_id, None)
         if self._awaited:
             if not self._awaited <= took:
                 self._wake.set()
+                if not self._awaited <= self._handed.keys():
+                    self._read_owed = True
             self._awaited.clear()
 
     async def _intercepted_claim(self, free: int) -> list[Run]:
@@ -395,14 +434,15 @@ class Worker:
                            carried: tuple[Finish, ...] = ()) -> list[PendingClaim] | None:
         """Read what a claim would take and start attempts on it that claim with their
         first write; None when the usual claim must do (the store cannot, or a run read has
-        started before: its attempt reads its journal first). For one free slot: more
-        are claimed at once by one statement (and their writes share commits anyway). Not
-        with interceptors: they see every claim, and each attempt with its claimed run."""
+        started before: its attempt reads its journal first, or more than one run was
+        read: they are claimed at once by one statement, and their writes share commits
+        anyway). Not with interceptors: they see every claim, and each attempt with its
+        claimed run."""
         if not self.store.claims_ride_on_writes or self._runs is None or self._chain:
             return None
         read = await self.store.claimable(self.worker_id, limit, workflows=workflows)
         self._more_queued = len(read) >= limit
-        if any(run.attempt or run.cancel_requested for run in read):
+        if len(read) > 1 or any(run.attempt or run.cancel_requested for run in read):
             return None
         held = {a.run.id for a in self.active.values()}
         claims = []
@@ -412,6 +452,28 @@ class Worker:
             claims.append(self._spawn_pending(run, workflows, carried))
             carried = ()
         return claims
+
+    def _hand_claims(self, free: int, workflows: list[str]) -> list[PendingClaim] | None:
+        """The run a start in this process handed over (:meth:`wake`), as a claim riding
+        on its first write, without the read of what is queued that :meth:`_read_claims`
+        makes: only when it is the one thing that woke the loop since the last read (which
+        found no more than it took), never started, due and without a concurrency key (a
+        key's runs are claimed by the read's order). None: read (``_read_owed``)."""
+        handed, owed = self._handed, self._read_owed
+        self._handed, self._read_owed = {}, False
+        if (owed or len(handed) != 1 or not self.store.claims_ride_on_writes
+                or self._runs is None or self._chain):
+            return None
+        (run,) = handed.values()
+        if (run.state is not RunState.QUEUED or run.attempt or run.cancel_requested
+                or run.key is not None or run.run_at > run.created_at
+                or run.workflow not in workflows):
+            return None
+        held = {a.run.id for a in self.active.values()}
+        if self._stopping or run.id in self.pending or run.id in held:
+            return []
+        self._more_queued = free <= 1  # as a read that took all it could would say
+        return [self._spawn_pending(run, workflows, ())]
 
     def _spawn_pending(self, run: Run, workflows: list[str],
                        carried: tuple[Finish, ...]) -> PendingClaim:
@@ -442,7 +504,7 @@ class Worker:
         if outcome is None or outcome.run is None:
             attempt.drop("the run was not claimable any more" if claim.error is None
                          else f"the claim failed: {claim.error}")
-            self._wake.set()
+            self._rouse()
             return
         sent, sent_boot = claim.sent
         if claim.error is not None:  # no answer, but the run and its journal told
@@ -519,7 +581,7 @@ class Worker:
         itself), so a loop woken with none free would only go back to waiting."""
         if self._stopping or self.concurrency > len(self.active) + len(self.pending):
             self._wake_owed = False
-            self._wake.set()
+            self._rouse()
         else:
             self._wake_owed = True
 
@@ -595,10 +657,10 @@ class Worker:
                 # a busy worker's own commits are changes too: one look per gap at most
                 await anyio.sleep(max(0.0, looked + BUSY_LOOK_GAP - anyio.current_time()))
                 looked = anyio.current_time()
-                self._wake.set()
+                self._rouse()
                 await self.check_cancels()
             else:
-                self._wake.set()
+                self._rouse()
 
     async def check_cancels(self) -> None:
         """Stop the attempts whose run an operator cancelled (one read, no write)."""
@@ -628,7 +690,7 @@ class Worker:
             if recovered:
                 if self._chain is not None:
                     tell(self._chain.recovered, recovered, "sweep")
-                self._wake.set()
+                self._rouse()
             await anyio.sleep(self.sweep_interval)
 
     async def _schedule_loop(self) -> None:
@@ -723,5 +785,5 @@ class Worker:
         if recovered:
             if self._chain is not None:
                 tell(self._chain.recovered, recovered, "liveness")
-            self._wake.set()
+            self._rouse()
         return recovered

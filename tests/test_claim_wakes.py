@@ -48,13 +48,18 @@ async def opened(url: str, *, signals: bool = True) -> AsyncIterator[Store]:
 
 
 class Claims:
-    """Counts the claims made through a store object, and those that returned."""
+    """Counts what a worker does through a store object to take runs: claims (the plain
+    statement, and claims riding on a first write), reads of what a claim would take, and
+    every such look that returned (a claim or a read that found the key taken, say)."""
 
     def __init__(self, store: Store) -> None:
         self.started = 0
+        """Claims sent (``claim`` and ``claim_with``)."""
         self.returned = 0
+        """Claims and reads (``claimable``) that returned."""
         self.empty = 0
-        claim = store.claim
+        self.reads = 0
+        claim, claim_with, claimable = store.claim, store.claim_with, store.claimable
 
         async def counted(*args: Any, **kwargs: Any) -> list[durable.Run]:
             self.started += 1
@@ -65,7 +70,25 @@ class Claims:
             self.empty += not runs
             return runs
 
+        async def counted_ride(*args: Any, **kwargs: Any) -> Any:
+            self.started += 1
+            try:
+                outcome = await claim_with(*args, **kwargs)
+            finally:
+                self.returned += 1
+            self.empty += outcome.run is None
+            return outcome
+
+        async def counted_read(*args: Any, **kwargs: Any) -> list[durable.Run]:
+            self.reads += 1
+            try:
+                return await claimable(*args, **kwargs)
+            finally:
+                self.returned += 1
+
         store.claim = counted  # type: ignore[method-assign]
+        store.claim_with = counted_ride  # type: ignore[method-assign]
+        store.claimable = counted_read  # type: ignore[method-assign]
 
 
 class NoRides(durable.Interceptor):
@@ -170,10 +193,36 @@ async def test_a_run_queued_while_every_slot_was_taken_is_claimed_when_one_frees
             assert done.state is RunState.COMPLETED
 
 
+async def test_a_run_started_while_handed_over_runs_took_every_slot_is_claimed_when_one_frees(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """Two starts handed over to a worker with two slots (each claimed without a read),
+    then a third while both run: the claim that took the last slot counts as one that
+    took all it could, so the first end claims the third run (no change signal, no poll)."""
+    gate = [anyio.Event()]
+    gated_flows(registry, gate)
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}", signals=False) as store:
+        claims = Claims(store)
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry, concurrency=2):
+            with anyio.fail_after(BOUND):
+                await poll(lambda: claims.returned == 1)  # the worker's first look
+                for run_id in ("a", "b"):
+                    await client.start("cw.gated", id=run_id)
+                    await running(client, run_id)
+                await client.start("cw.quick", id="c")
+                assert (await client.get("c")).state is RunState.QUEUED
+                assert claims.reads == 0  # both handed over
+                gate[0].set()
+                done = await client.wait("c", poll=LONG)
+            assert done.state is RunState.COMPLETED
+
+
 async def test_a_finished_run_without_a_key_claims_nothing_after_it(
         tmp_path: Path, registry: durable.Registry) -> None:
-    """A chain of starts, each waited for (the in-process hub wakes the worker): one
-    claim per run, none after each attempt's end (it would find nothing)."""
+    """A chain of starts, each waited for (the in-process hub wakes the worker and hands
+    it the run as created): one claim per run, riding on the run's first write, with no
+    read of what is queued before it (nothing else woke the worker), and none after each
+    attempt's end (it would find nothing)."""
     gate = [anyio.Event()]
     gate[0].set()
     gated_flows(registry, gate)
@@ -186,7 +235,7 @@ async def test_a_finished_run_without_a_key_claims_nothing_after_it(
                 for i in range(20):
                     run = await client.start("cw.quick", id=f"q{i}")
                     assert (await client.wait(run.id, poll=LONG)).state is RunState.COMPLETED
-        assert claims.started == 1 + 20, claims.started
+        assert (claims.started, claims.reads) == (1 + 20, 0)
 
 
 # -- PostgreSQL: a NOTIFY the last claim already saw ---------------------------------------------
@@ -201,10 +250,11 @@ async def chain(client: durable.Client, prefix: str, n: int) -> None:
 async def test_postgres_a_chain_claims_once_per_run(
         pg_url: str, registry: durable.Registry, client_store: str) -> None:
     """Start, wait, start the next, NOTIFY on. The client on the worker's store object:
-    the in-process wake claims each run, and neither the run's own NOTIFY (which the
-    claim's snapshot saw, whichever came first) nor the attempt's end claims again. On
-    another store object (as in another process): only the NOTIFY wakes the worker, once
-    per run, and the attempt's end claims nothing."""
+    the in-process wake hands each run over, which is claimed riding on its first write
+    without a read, and neither the run's own NOTIFY (its start was told to the worker
+    here: Store.told_here) nor the attempt's end reads or claims again. On another store
+    object (as in another process): only the NOTIFY wakes the worker, once per run (a
+    read, then the claim), and the attempt's end claims nothing."""
     gated_flows(registry, [anyio.Event()])
     async with opened(pg_url) as theirs, opened(pg_url) as other:
         mine = theirs if client_store == "the worker's" else other
@@ -213,10 +263,13 @@ async def test_postgres_a_chain_claims_once_per_run(
         async with worker_on(theirs, registry):
             with anyio.fail_after(BOUND):
                 await chain(client, "warm", 2)  # the listener's first subscription
-                before = claims.started
+                before, read = claims.started, claims.reads
                 await chain(client, "c", 40)
-            made = claims.started - before
-        assert made <= 40 + 2, (made, claims.empty)
+            made, reads = claims.started - before, claims.reads - read
+        if mine is theirs:
+            assert (made, reads) == (40, 0), (made, reads, claims.empty)
+        else:
+            assert made <= 40 + 2 and reads <= 40 + 2, (made, reads, claims.empty)
 
 
 @pg_only

@@ -29,7 +29,12 @@ pytestmark = pytest.mark.anyio
 
 
 class FlakyStore(SqliteStore):
-    """The first ``fail`` appends and finishes raise ``error`` without touching the file."""
+    """The first ``fail`` appends and finishes raise ``error`` without touching the file.
+    Its runs are claimed by the plain claim statement, so the first write that can fail is
+    the step's ``step_started`` (a claim riding on that write, and its lost answer:
+    tests/test_claim_rides.py, tests/test_postgres_faults.py)."""
+
+    claims_ride_on_writes = False
 
     def __init__(self, path: str, error: type[durable.StoreError], fail: int) -> None:
         super().__init__(path)

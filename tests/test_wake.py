@@ -278,6 +278,13 @@ async def test_postgres_in_process_wait_takes_the_finished_run_from_the_finish(
                         for run_id in ids:
                             tg.start_soon(wait, run_id)
                         await poll(lambda n=size: len(reads) == n)  # each wait's first read
+
+                        async def held(ids: list[str] = ids) -> bool:
+                            # every claim committed: no finish rides on one (claim_with)
+                            runs = [await real_get(i) for i in ids]
+                            return all(r is not None and r.state is RunState.RUNNING
+                                       for r in runs)
+                        await poll(held)
                         batched = store.batched_writes - store.batches
                         go.set()
                 assert sorted(reads) == ids  # and no read after the finish

@@ -232,6 +232,14 @@ class Store(abc.ABC):
         watcher.start()
         await watcher.wait(since if isinstance(since, int) else watcher.count, timeout)
 
+    def told_here(self, run_id: str) -> None:
+        """The start of ``run_id`` through this store object was told to this process's
+        workers directly (``durable._wake.Hub.work``, with the run as created): a store
+        whose change signal names the transaction that queued it may skip that signal in
+        :meth:`wait_for_work` for a worker on this store object, to which it is no news.
+        Nothing by default."""
+        return None
+
     async def notify_finished(self, run_id: str) -> None:
         """Tell other processes' :meth:`wait_for_finished` that the run finished (sent by
         the worker after the finish committed; a no-op where a commit is the signal)."""

@@ -29,6 +29,7 @@ clock (docs/design.md, "Clocks").
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import re
 import select
@@ -168,6 +169,10 @@ deferred completion and the next step's start), the other half of a sequential r
 appends. As arrays (append_entries: CTE and unnest) it cost 115 us of client CPU against
 86 us, on one connection (docs/postgres.md, *Group commit*)."""
 
+TOLD_KEPT = 1024
+"""How many starts :meth:`PostgresStore.told_here` remembers (a start forgotten costs its
+worker one read of what is queued)."""
+
 CHANNEL = "durable_work"
 """The NOTIFY channel; the payload is the schema of the store that has work."""
 
@@ -261,6 +266,12 @@ class PostgresStore(Store):
         """Worker id -> the snapshot of its last claim through this store (any run, its
         workflows): a ``durable_work`` NOTIFY of a transaction that snapshot saw is no news
         to that worker's :meth:`wait_for_work` (the claim saw what it queued)."""
+        self._created: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """Run id -> the transaction that created it through this store object (the last
+        :data:`TOLD_KEPT`), for :meth:`told_here`."""
+        self._told: collections.OrderedDict[int, None] = collections.OrderedDict()
+        """The transactions of starts told to this process's workers directly (the last
+        :data:`TOLD_KEPT`): their ``durable_work`` NOTIFY is no news to a worker here."""
         self._claiming: dict[str, int] = {}
         """Worker id -> its claims in flight: a NOTIFY that arrives meanwhile is judged
         against the snapshot of the claim that is under way, once it returns."""
@@ -545,6 +556,9 @@ class PostgresStore(Store):
         }
         row = await self._row(Q["insert_run"], params)
         if row is not None:
+            self._created[new.id] = int(row["txid"])
+            if len(self._created) > TOLD_KEPT:
+                self._created.popitem(last=False)
             return Run.from_row(row), True
         # The id exists (maybe committed by a concurrent call this statement waited for):
         # read it with a fresh snapshot.
@@ -1243,6 +1257,13 @@ class PostgresStore(Store):
             raise
         return conn
 
+    def told_here(self, run_id: str) -> None:
+        txid = self._created.pop(run_id, None)
+        if txid is not None:
+            self._told[txid] = None
+            if len(self._told) > TOLD_KEPT:
+                self._told.popitem(last=False)
+
     async def _next_notification(
         self, conn: psycopg.AsyncConnection[Any], timeout: float, worker: str | None
     ) -> None:
@@ -1262,6 +1283,8 @@ class PostgresStore(Store):
                     self._work_payload(notify.payload, news)
             if worker is None or None in news:
                 return
+            if all(txid in self._told for txid in news):
+                continue  # starts this process's workers were told of (told_here)
             while worker in self._claiming:  # judged by the snapshot of the claim under way
                 await self._claimed.wait(self._claimed.generation)
             seen = self._claim_seen.get(worker)

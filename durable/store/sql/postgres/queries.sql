@@ -35,7 +35,8 @@ WITH run AS (
                 ELSE %(data)s END
     FROM run
 )
-SELECT * FROM run;
+-- txid: the transaction, which the durable_work NOTIFY names (PostgresStore.told_here)
+SELECT run.*, txid_current() AS txid FROM run;
 
 -- name: get_run
 SELECT * FROM durable_runs WHERE id = %(id)s;
