@@ -2,15 +2,16 @@
 step").
 
 A worker whose store says so (:attr:`durable.store.Store.claims_ride_on_writes`: SQLite,
-PostgreSQL)
-claims a run that never started in two parts: a read of what a claim would take
-(:meth:`~durable.store.Store.claimable`), then the attempt runs its workflow code up to its
-first journal write, and that write commits the claim and the entries in one transaction
-(:meth:`~durable.store.Store.claim_with`), with the finish of the worker's previous attempt
-when there is one. Until then nothing is written, nothing is visible to anyone, and the
-workflow code has done nothing but what every replay does (a first attempt's journal is
-empty, and workflow code reaches the world only through journaled steps). If the first
-write does not come within :data:`RIDE_WAIT`, the claim commits on its own.
+PostgreSQL) claims a run that never started in two parts: a read of what a claim would take
+(:meth:`~durable.store.Store.claimable`; or, for a run that a start in this process just
+created and handed over, that run as created: ``Worker._hand_claims``), then the attempt
+runs its workflow code up to its first journal write, and that write commits the claim and
+the entries in one transaction (:meth:`~durable.store.Store.claim_with`), with the finish
+of the worker's previous attempt when there is one. Until then nothing is written, nothing
+is visible to anyone, and the workflow code has done nothing but what every replay does (a
+first attempt's journal is empty, and workflow code reaches the world only through
+journaled steps). If the first write does not come within :data:`RIDE_WAIT`, the claim
+commits on its own.
 
 A claim that finds the run gone (claimed by another worker, cancelled) drops the attempt
 without a trace. A claim that finds the run changed since the read (another attempt ran in
@@ -51,7 +52,8 @@ WRITE_TIMEOUT = 10.0
 
 
 class PendingClaim:
-    """The claim of one run read by :meth:`~durable.store.Store.claimable`, not written yet."""
+    """The claim of one run read by :meth:`~durable.store.Store.claimable` (or handed over by
+    a start in this process), not written yet."""
 
     def __init__(self, store: Store, worker_id: str, lease: float, read: Run,
                  attempt: Attempt, carried: Sequence[Finish],

@@ -322,13 +322,13 @@ class Worker:
                 self._claiming, took = True, frozenset[str]()
                 try:
                     try:
-                        # one run at a time (nothing more was queued at the last claim):
-                        # its claim rides on its first write, whatever the free slots
+                        # claims that ride on the first write: a run a start here handed
+                        # over alone (no read), else one read for one free slot
                         read = None
                         if free == 1 or not self._more_queued:
                             read = self._hand_claims(free, workflows)
-                            if read is None:
-                                read = await self._read_claims(min(free, 2), workflows)
+                            if read is None and free == 1:
+                                read = await self._read_claims(free, workflows)
                         if read is not None:  # claims that ride on the attempts' first writes
                             took = frozenset(claim.read.id for claim in read)
                             for claim in read:
@@ -434,15 +434,16 @@ class Worker:
                            carried: tuple[Finish, ...] = ()) -> list[PendingClaim] | None:
         """Read what a claim would take and start attempts on it that claim with their
         first write; None when the usual claim must do (the store cannot, or a run read has
-        started before: its attempt reads its journal first, or more than one run was
-        read: they are claimed at once by one statement, and their writes share commits
-        anyway). Not with interceptors: they see every claim, and each attempt with its
-        claimed run."""
+        started before: its attempt reads its journal first). For one free slot: more
+        are claimed at once by one statement (and their writes share commits anyway); with
+        more, a read and a claim riding on the first write cost more than the usual claim
+        and a write on PostgreSQL, and no less on SQLite. Not with interceptors: they see
+        every claim, and each attempt with its claimed run."""
         if not self.store.claims_ride_on_writes or self._runs is None or self._chain:
             return None
         read = await self.store.claimable(self.worker_id, limit, workflows=workflows)
         self._more_queued = len(read) >= limit
-        if len(read) > 1 or any(run.attempt or run.cancel_requested for run in read):
+        if any(run.attempt or run.cancel_requested for run in read):
             return None
         held = {a.run.id for a in self.active.values()}
         claims = []
@@ -456,9 +457,11 @@ class Worker:
     def _hand_claims(self, free: int, workflows: list[str]) -> list[PendingClaim] | None:
         """The run a start in this process handed over (:meth:`wake`), as a claim riding
         on its first write, without the read of what is queued that :meth:`_read_claims`
-        makes: only when it is the one thing that woke the loop since the last read (which
-        found no more than it took), never started, due and without a concurrency key (a
-        key's runs are claimed by the read's order). None: read (``_read_owed``)."""
+        makes (one round trip less; on PostgreSQL one statement where the usual claim and
+        the first write are two): only when it is the one thing that woke the loop since
+        the last read (which found no more than it took), never started, due and without a
+        concurrency key (a key's runs are claimed by the read's order), whatever the free
+        slots. None: a read or the usual claim (``_read_owed``)."""
         handed, owed = self._handed, self._read_owed
         self._handed, self._read_owed = {}, False
         if (owed or len(handed) != 1 or not self.store.claims_ride_on_writes
