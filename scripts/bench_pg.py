@@ -11,6 +11,11 @@ times; the median of each is reported:
 - **sequential engine**: ``--sequential N`` runs (default 200) of 5 steps, one at a time.
 - **sequential append**: ``--appends N`` (default 2,000) fenced ``store.append`` calls of one
   entry, one after the other, on one claimed run: what one fenced write costs alone.
+- **a claim with its first entry**: ``--appends / 10`` queued runs each taken with a
+  ``step_started`` entry by ``claim_with`` (one statement: a claim riding on the first write,
+  as for a run an in-process start hands over), and as many by ``claim`` then ``append``
+  (the usual claim, then the write), with a ``claimable`` read (what a read before a riding
+  claim adds) before each pair: median ms per call.
 - **baseline**: the same number of plain autocommit ``INSERT`` statements, one per ``await``,
   on one async psycopg connection to the same server (a table of ``id bigserial, data
   text``): one round trip and one commit, the floor under any fenced write. The appends
@@ -206,6 +211,48 @@ async def sequential_appends(pg: bench.PgServer, n: int
                 {name: 1e6 * used / n for name, used in cpu.items()})
 
 
+async def claim_statements(pg: bench.PgServer, n: int) -> dict[str, float]:
+    """Median ms per call of the ways a worker takes one queued run and journals its first
+    entry, ``n`` runs each, alternating: ``claim_with`` (the claim and the entry in one
+    statement: a claim riding on the first write, as for a run a start in this process
+    handed over), ``claim`` then ``append`` (the usual claim, then the write), and the read
+    ``claimable`` (what a claim after a read adds)."""
+    store = durable.store_from_url(pg.new_url())
+    await store.open()
+    try:
+        client = durable.Client(store, registry=bench.REGISTRY)
+        prefix = f"claims-{uuid.uuid4().hex[:6]}"
+        for i in range(2 * n + 10):
+            await client.start(bench.steps_workflow, 1, False, id=f"{prefix}-{i:05}")
+        workflows = [bench.steps_workflow.name]
+        entry = [JournalWrite(EntryKind.STEP_STARTED, step=1, step_key="1", name="noop",
+                              try_number=1, data={"args": [0]})]
+        times: dict[str, list[float]] = {"claim_with": [], "claim": [], "append": [],
+                                         "claimable": []}
+        for i in range(n + 5):  # the first five prepare the statements (not counted)
+            kept = i >= 5
+            t0 = time.perf_counter()
+            await store.claimable("bench", 1, workflows=workflows)
+            t1 = time.perf_counter()
+            claimed = await store.claim("bench", 600.0, 1, workflows=workflows)  # the oldest
+            t2 = time.perf_counter()
+            appended = len(claimed) == 1 and await store.append(
+                Fence(claimed[0].id, claimed[0].epoch), entry)
+            t3 = time.perf_counter()
+            rode = await store.claim_with("bench", 600.0, f"{prefix}-{2 * i + 1:05}", 1,
+                                          entry, workflows=workflows)
+            t4 = time.perf_counter()
+            if not appended or rode.run is None or not rode.appended:
+                raise SystemExit("a claim of a queued run did not hold")
+            if kept:
+                for name, spent in (("claimable", t1 - t0), ("claim", t2 - t1),
+                                    ("append", t3 - t2), ("claim_with", t4 - t3)):
+                    times[name].append(spent)
+        return {name: 1000 * statistics.median(values) for name, values in times.items()}
+    finally:
+        await store.aclose()
+
+
 def statement_variants() -> dict[str, tuple[str, bool]]:
     """``--statements``: name -> (SQL, whether it takes the append's parameters). Only
     ``append_entry`` and ``append_entries`` are the store's; the others take one part away
@@ -348,6 +395,7 @@ async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any
     sequential: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     appends: dict[str, list[float]] = {"on": [], "off": [], "plain": []}
     appends_cpu: dict[str, list[float]] = {"on": [], "off": [], "plain": []}
+    claims: dict[str, list[float]] = {}
     for i in range(args.repeat):
         for mode, option in MODES:
             counter.take()
@@ -377,6 +425,9 @@ async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any
             result["client_cpu_us_per_step"] = (
                 1e6 * (time.process_time() - cpu) / (args.sequential * 5))
             sequential[mode].append(result)
+        claim_ms = await claim_statements(pg, args.appends // 10)
+        for name, value in claim_ms.items():
+            claims.setdefault(name, []).append(value)
         rates, cpus = await sequential_appends(pg, args.appends)
         for name, value in rates.items():
             appends[name].append(value)
@@ -397,6 +448,7 @@ async def measure(args: argparse.Namespace, pg: bench.PgServer) -> dict[str, Any
         "appends_per_s": app,
         "appends_repeats": appends,
         "appends_cpu_us": {mode: statistics.median(v) for mode, v in appends_cpu.items()},
+        "claim_ms": {name: statistics.median(v) for name, v in claims.items()},
         "concurrent_gain": gain,
         "sequential_share": share,
         "targets": {
@@ -445,6 +497,11 @@ def print_report(report: dict[str, Any]) -> None:
     if cpu:
         print(f"{'  CPU us per append, this process':44}{cpu['on']:>14.0f}{cpu['off']:>12.0f}")
         print(f"{'  CPU us per plain INSERT, this process':44}{cpu['plain']:>14.0f}")
+    claim = r.get("claim_ms")
+    if claim:
+        print(f"a queued run claimed with its first entry, ms: claim_with "
+              f"{claim['claim_with']:.2f}; claim + append {claim['claim']:.2f} + "
+              f"{claim['append']:.2f}; a read first (claimable) {claim['claimable']:.2f}")
     print()
     for name, text in (("concurrent_gain", "concurrent with group commit >= 4x without"),
                        ("sequential_share",

@@ -39,6 +39,8 @@ def test_the_group_commit_benchmark_measures_both_modes_and_the_baseline() -> No
     assert results["concurrent"]["off"]["batches"] == 0
     assert set(results["appends_per_s"]) == {"on", "off", "plain"}
     assert all(cpu > 0 for cpu in results["appends_cpu_us"].values())
+    assert set(results["claim_ms"]) == {"claim_with", "claim", "append", "claimable"}
+    assert all(ms > 0 for ms in results["claim_ms"].values())
     assert set(results["targets"]) == {"concurrent_gain", "sequential_share"}
     assert results["issue_gain"] > 0
     for mode in ("on", "off"):
