@@ -196,7 +196,7 @@ class Client:
         if created:
             hub = _wake.hub(self.store)
             hub.work(run.id, run)  # this process's workers claim it now
-            if hub.workers:
+            if hub.workers:  # (no await since the insert returned: see told_here)
                 self.store.told_here(run.id)  # its change signal is no news to them
             self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
         return run

@@ -237,7 +237,9 @@ class Store(abc.ABC):
         workers directly (``durable._wake.Hub.work``, with the run as created): a store
         whose change signal names the transaction that queued it may skip that signal in
         :meth:`wait_for_work` for a worker on this store object, to which it is no news.
-        Nothing by default."""
+        Called right after :meth:`create_run` returns, with no await in between (a store
+        may judge a signal that came before the answer once its starts in flight are
+        told). Nothing by default."""
         return None
 
     async def notify_finished(self, run_id: str) -> None:

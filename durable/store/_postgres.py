@@ -272,6 +272,12 @@ class PostgresStore(Store):
         self._told: collections.OrderedDict[int, None] = collections.OrderedDict()
         """The transactions of starts told to this process's workers directly (the last
         :data:`TOLD_KEPT`): their ``durable_work`` NOTIFY is no news to a worker here."""
+        self._starts: set[int] = set()
+        """The inserts of starts in flight (numbered): a NOTIFY of one may reach the
+        listener before its answer reaches the start, which then tells its workers
+        (:meth:`told_here`); a NOTIFY that is news only by that is judged after them."""
+        self._start_count = 0
+        self._start_done = _wake.Beacon()
         self._claiming: dict[str, int] = {}
         """Worker id -> its claims in flight: a NOTIFY that arrives meanwhile is judged
         against the snapshot of the claim that is under way, once it returns."""
@@ -554,7 +560,16 @@ class PostgresStore(Store):
             "now": now,
             "data": dumps(data, "journal data"),
         }
-        row = await self._row(Q["insert_run"], params)
+        self._start_count += 1
+        start = self._start_count
+        self._starts.add(start)
+        try:
+            row = await self._row(Q["insert_run"], params)
+        finally:
+            # a judgement waiting for this start runs after the caller's next await: a
+            # Client.start has told its workers (told_here) by then (no await between)
+            self._starts.discard(start)
+            self._start_done.fire()
         if row is not None:
             self._created[new.id] = int(row["txid"])
             if len(self._created) > TOLD_KEPT:
@@ -1283,6 +1298,9 @@ class PostgresStore(Store):
                     self._work_payload(notify.payload, news)
             if worker is None or None in news:
                 return
+            ahead = set(self._starts)  # starts in flight, whose hand-over may come next
+            while not all(txid in self._told for txid in news) and ahead & self._starts:
+                await self._start_done.wait(self._start_done.generation)
             if all(txid in self._told for txid in news):
                 continue  # starts this process's workers were told of (told_here)
             while worker in self._claiming:  # judged by the snapshot of the claim under way
