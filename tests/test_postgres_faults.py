@@ -39,6 +39,18 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
+async def direct(pg_url: str) -> AsyncIterator[Store]:
+    """A store on ``pg_url`` with the server's clock, not behind the proxy: the test's own
+    view of the database (it starts the runs and reads them back)."""
+    store = store_from_url(pg_url)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+@pytest.fixture
 async def pg_store(pg_url: str) -> AsyncIterator[Store]:
     store = store_from_url(pg_url, clock=FakeClock())
     await store.open()
@@ -191,7 +203,8 @@ def said(caplog: pytest.LogCaptureFixture, run_id: str) -> list[tuple[int, str]]
 
 
 async def test_a_claim_whose_answer_was_lost_is_read_back_with_the_finish_it_carried(
-        pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+        pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+        direct: Store) -> None:
     """A worker's connection is lost after it sent the claim of its next run carrying the
     finish of its previous one (claim_with), and after the server committed it (tests/
     pgproxy.py withholds the answer). The run read back says this worker claimed it as its
@@ -202,33 +215,28 @@ async def test_a_claim_whose_answer_was_lost_is_read_back_with_the_finish_it_car
     waited for its lease.)"""
     registry, workflow = steps_registry()
     monkeypatch.setattr(_claims, "RIDE_WAIT", 30.0)  # the next claim carries the finish
-    direct = store_from_url(pg_url)
-    await direct.open()
-    try:
-        client = durable.Client(direct, registry=registry)
-        await client.start(workflow, 2, id="first")
-        await client.start(workflow, 2, id="second-lost")
-        # the claim of the second run, carrying the first's finish: its answer is lost
-        async with worker_behind_a_losing_proxy(
-                pg_url, registry, caplog, lambda proxy: proxy.lose_answer_to("second-lost")):
-            first = await client.wait("first", timeout=30)
-            second = await client.wait("second-lost", timeout=30)
-        assert (first.state, second.state) == (RunState.COMPLETED, RunState.COMPLETED)
-        assert (first.result, second.result, second.attempt) == (1, 1, 1)
-        assert [e.kind.value for e in await direct.journal("second-lost")] == [
-            "run_created", "run_claimed", "step_started", "step_completed", "step_started",
-            "step_completed", "run_completed"]
-        assert "claim_confirmed" in [e for _, e in said(caplog, "second-lost")]
-        events = [event for _, event in said(caplog, "first")]
-        assert "attempt_superseded" not in events and "conclude_failed" not in events, events
-        assert events[-1] == "run_completed", events
-    finally:
-        await direct.aclose()
+    client = durable.Client(direct, registry=registry)
+    await client.start(workflow, 2, id="first")
+    await client.start(workflow, 2, id="second-lost")
+    # the claim of the second run, carrying the first's finish: its answer is lost
+    async with worker_behind_a_losing_proxy(
+            pg_url, registry, caplog, lambda proxy: proxy.lose_answer_to("second-lost")):
+        first = await client.wait("first", timeout=30)
+        second = await client.wait("second-lost", timeout=30)
+    assert (first.state, second.state) == (RunState.COMPLETED, RunState.COMPLETED)
+    assert (first.result, second.result, second.attempt) == (1, 1, 1)
+    assert [e.kind.value for e in await direct.journal("second-lost")] == [
+        "run_created", "run_claimed", "step_started", "step_completed", "step_started",
+        "step_completed", "run_completed"]
+    assert "claim_confirmed" in [e for _, e in said(caplog, "second-lost")]
+    events = [event for _, event in said(caplog, "first")]
+    assert "attempt_superseded" not in events and "conclude_failed" not in events, events
+    assert events[-1] == "run_completed", events
 
 
 @pytest.mark.parametrize("lost", ["answer", "request"])
 async def test_a_finish_that_got_no_answer_is_told_from_the_journal(
-        pg_url: str, caplog: pytest.LogCaptureFixture, lost: str) -> None:
+        pg_url: str, caplog: pytest.LogCaptureFixture, lost: str, direct: Store) -> None:
     """The finish of a run gets no answer. When the server committed it (its answer lost),
     the journal holds its run_completed under the attempt's epoch: the attempt says the
     run completed (``conclude_confirmed``). When the server never saw it (the request
@@ -256,34 +264,29 @@ async def test_a_finish_that_got_no_answer_is_told_from_the_journal(
         else:
             proxy.lose_request(f'"{marker}"')
 
-    direct = store_from_url(pg_url)
-    await direct.open()
-    try:
-        client = durable.Client(direct, registry=registry)
-        await client.start(lost_finish, id="lost-finish")
-        async with worker_behind_a_losing_proxy(pg_url, registry, caplog, arm):
-            run = await client.wait("lost-finish", timeout=60)
-        journal = await direct.journal("lost-finish")
-        assert [e.kind for e in journal].count(EntryKind.RUN_COMPLETED) == 1
-        assert (run.state, run.result) == (RunState.COMPLETED, marker)
-        lost_epoch = journal[1].epoch  # run_claimed by the attempt whose finish got none
-        events = said(caplog, "lost-finish")
-        first = [event for epoch, event in events if epoch == lost_epoch]
-        assert "attempt_superseded" not in first, events
-        if lost == "answer":
-            assert (run.attempt, calls) == (1, [1])
-            assert first[-2:] == ["conclude_confirmed", "run_completed"], events
-            return
-        assert (run.attempt, calls) == (2, [1, 1])
-        assert "conclude_outcome_unknown" in first and "run_completed" not in first, events
-        assert "step_in_doubt" in [e for epoch, e in events if epoch != lost_epoch]
-        assert events[-1][1] == "run_completed" and events[-1][0] != lost_epoch, events
-    finally:
-        await direct.aclose()
+    client = durable.Client(direct, registry=registry)
+    await client.start(lost_finish, id="lost-finish")
+    async with worker_behind_a_losing_proxy(pg_url, registry, caplog, arm):
+        run = await client.wait("lost-finish", timeout=60)
+    journal = await direct.journal("lost-finish")
+    assert [e.kind for e in journal].count(EntryKind.RUN_COMPLETED) == 1
+    assert (run.state, run.result) == (RunState.COMPLETED, marker)
+    lost_epoch = journal[1].epoch  # run_claimed by the attempt whose finish got none
+    events = said(caplog, "lost-finish")
+    first = [event for epoch, event in events if epoch == lost_epoch]
+    assert "attempt_superseded" not in first, events
+    if lost == "answer":
+        assert (run.attempt, calls) == (1, [1])
+        assert first[-2:] == ["conclude_confirmed", "run_completed"], events
+        return
+    assert (run.attempt, calls) == (2, [1, 1])
+    assert "conclude_outcome_unknown" in first and "run_completed" not in first, events
+    assert "step_in_doubt" in [e for epoch, e in events if epoch != lost_epoch]
+    assert events[-1][1] == "run_completed" and events[-1][0] != lost_epoch, events
 
 
 async def test_an_append_whose_answer_was_lost_goes_on_when_the_journal_holds_it(
-        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store) -> None:
     """The answer to the append that starts step 2 is lost after the server committed it.
     The step is declared not safe to repeat (``on_doubt="fail"``): had the attempt given up,
     its run would have been recovered after the lease with step 2 in doubt, and failed,
@@ -302,28 +305,23 @@ async def test_an_append_whose_answer_was_lost_goes_on_when_the_journal_holds_it
     async def two(ctx: durable.WorkflowContext) -> list[str]:
         return [str(await strict(ctx, "one")), str(await strict(ctx, marker))]
 
-    direct = store_from_url(pg_url)
-    await direct.open()
-    try:
-        client = durable.Client(direct, registry=registry)
-        await client.start(two, id="lost-append")
-        # the append of step 1's completion and step 2's start: the one write with the marker
-        async with worker_behind_a_losing_proxy(
-                pg_url, registry, caplog, lambda proxy: proxy.lose_answer_to(marker)):
-            run = await client.wait("lost-append", timeout=60)
-        assert (run.state, run.result, run.attempt) == (
-            RunState.COMPLETED, ["one", marker], 1), run.error
-        assert calls == ["one", marker]
-        kinds = [e.kind.value for e in await direct.journal("lost-append")]
-        assert kinds == ["run_created", "run_claimed", "step_started", "step_completed",
-                         "step_started", "step_completed", "run_completed"]
-        assert "journal_write_confirmed" in [e for _, e in said(caplog, "lost-append")]
-    finally:
-        await direct.aclose()
+    client = durable.Client(direct, registry=registry)
+    await client.start(two, id="lost-append")
+    # the append of step 1's completion and step 2's start: the one write with the marker
+    async with worker_behind_a_losing_proxy(
+            pg_url, registry, caplog, lambda proxy: proxy.lose_answer_to(marker)):
+        run = await client.wait("lost-append", timeout=60)
+    assert (run.state, run.result, run.attempt) == (
+        RunState.COMPLETED, ["one", marker], 1), run.error
+    assert calls == ["one", marker]
+    kinds = [e.kind.value for e in await direct.journal("lost-append")]
+    assert kinds == ["run_created", "run_claimed", "step_started", "step_completed",
+                     "step_started", "step_completed", "run_completed"]
+    assert "journal_write_confirmed" in [e for _, e in said(caplog, "lost-append")]
 
 
 async def test_a_read_that_loses_its_connection_gives_the_run_back_not_fails_it(
-        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store) -> None:
     """A workflow's read of a record loses its connection (the statement lost on its way):
     the database could not be reached, which is not the workflow's failure. The attempt
     stops and gives the run back (``run_interrupted``, the reason journaled); the next
@@ -344,24 +342,19 @@ async def test_a_read_that_loses_its_connection_gives_the_run_back_not_fails_it(
         value = await ctx.get_record("ns", marker)
         return [one, value, await step(ctx, "two")]
 
-    direct = store_from_url(pg_url)
-    await direct.open()
-    try:
-        client = durable.Client(direct, registry=registry)
-        await client.start(reads, id="lost-read")
-        async with worker_behind_a_losing_proxy(
-                pg_url, registry, caplog, lambda proxy: proxy.lose_request(marker)):
-            run = await client.wait("lost-read", timeout=30)
-        assert (run.state, run.result, run.attempt) == (
-            RunState.COMPLETED, ["one", None, "two"], 2), run.error
-        assert calls == ["one", "two"]
-        journal = await direct.journal("lost-read")
-        interrupted = [e for e in journal if e.kind is EntryKind.RUN_INTERRUPTED]
-        assert len(interrupted) == 1
-        assert str(interrupted[0].data["reason"]).startswith("the store failed: cannot reach")
-        assert "store_failed" in [e for _, e in said(caplog, "lost-read")]
-    finally:
-        await direct.aclose()
+    client = durable.Client(direct, registry=registry)
+    await client.start(reads, id="lost-read")
+    async with worker_behind_a_losing_proxy(
+            pg_url, registry, caplog, lambda proxy: proxy.lose_request(marker)):
+        run = await client.wait("lost-read", timeout=30)
+    assert (run.state, run.result, run.attempt) == (
+        RunState.COMPLETED, ["one", None, "two"], 2), run.error
+    assert calls == ["one", "two"]
+    journal = await direct.journal("lost-read")
+    interrupted = [e for e in journal if e.kind is EntryKind.RUN_INTERRUPTED]
+    assert len(interrupted) == 1
+    assert str(interrupted[0].data["reason"]).startswith("the store failed: cannot reach")
+    assert "store_failed" in [e for _, e in said(caplog, "lost-read")]
 
 
 async def test_a_start_whose_answer_was_lost_is_sent_again_and_queues_one_run(
@@ -398,34 +391,29 @@ async def _journal(url: str, run_id: str) -> list[Any]:
 
 
 async def test_runs_of_a_claim_whose_answer_was_lost_are_given_back_at_once(
-        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store) -> None:
     """A worker with free slots claims by the usual statement; its answer is lost after
     the server committed it. The claimed runs, held by no attempt, would wait for their
     lease (30 s here); the worker reads them back and gives them back at once
     (``run_interrupted``), and claims them again."""
     registry, workflow = steps_registry()
-    direct = store_from_url(pg_url)
-    await direct.open()
-    try:
-        client = durable.Client(direct, registry=registry)
-        await client.start(workflow, 2, id="claimed-unknowingly")
-        me = "worker-whose-claim-is-answered-never"
-        async with losing_proxy(split_url(pg_url)[0]) as proxy:
-            proxy.lose_answer_to(me)  # its first statement naming it: the claim
-            store = store_from_url(proxy.url(pg_url))
-            await store.open()
-            try:
-                with caplog.at_level(logging.INFO, logger="durable"):
-                    async with running_worker(durable.Client(store, registry=registry),
-                                              registry, concurrency=4, lease=30.0,
-                                              worker_id=me):
-                        run = await client.wait("claimed-unknowingly", timeout=15)
-            finally:
-                await store.aclose()
-            assert proxy.answers_lost == 1
-        assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, 1, 2)
-        kinds = [e.kind.value for e in await direct.journal("claimed-unknowingly")]
-        assert kinds[:4] == ["run_created", "run_claimed", "run_interrupted", "run_claimed"]
-        assert "claim_given_back" in [getattr(r, "event", None) for r in caplog.records]
-    finally:
-        await direct.aclose()
+    client = durable.Client(direct, registry=registry)
+    await client.start(workflow, 2, id="claimed-unknowingly")
+    me = "worker-whose-claim-is-answered-never"
+    async with losing_proxy(split_url(pg_url)[0]) as proxy:
+        proxy.lose_answer_to(me)  # its first statement naming it: the claim
+        store = store_from_url(proxy.url(pg_url))
+        await store.open()
+        try:
+            with caplog.at_level(logging.INFO, logger="durable"):
+                async with running_worker(durable.Client(store, registry=registry),
+                                          registry, concurrency=4, lease=30.0,
+                                          worker_id=me):
+                    run = await client.wait("claimed-unknowingly", timeout=15)
+        finally:
+            await store.aclose()
+        assert proxy.answers_lost == 1
+    assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, 1, 2)
+    kinds = [e.kind.value for e in await direct.journal("claimed-unknowingly")]
+    assert kinds[:4] == ["run_created", "run_claimed", "run_interrupted", "run_claimed"]
+    assert "claim_given_back" in [getattr(r, "event", None) for r in caplog.records]
