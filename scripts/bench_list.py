@@ -43,7 +43,12 @@ if str(ROOT) not in sys.path:
 
 from durable._clock import FakeClock  # noqa: E402
 from durable._types import RunState  # noqa: E402
-from durable.store._sqlite import SqliteStore, count_runs_query, list_runs_query  # noqa: E402
+from durable.store._sqlite import (  # noqa: E402
+    PREFIX_RANGE_ROWS,
+    SqliteStore,
+    count_runs_query,
+    list_runs_statement,
+)
 
 START = 1_700_000_000.0
 WORKFLOWS = [f"wf.{i}" for i in range(10)]
@@ -110,6 +115,13 @@ def shapes(made: list[tuple[float, str]]) -> list[tuple[str, str, dict[str, Any]
         ("id prefix (~1/256)", "list", {"id_prefix": prefix}),
         ("id prefix, one run", "list", {"id_prefix": middle[1]}),
         ("state+id prefix", "list", {"state": f, "id_prefix": prefix}),
+        ("id prefix of every run", "list", {"id_prefix": "run-"}),
+        ("id prefix (~1/16)", "list", {"id_prefix": prefix[:5]}),
+        ("state=completed+one run", "list", {"state": RunState.COMPLETED,
+                                             "id_prefix": middle[1]}),
+        ("state=completed+no match", "list", {"state": RunState.COMPLETED,
+                                              "id_prefix": "zzz"}),
+        ("before+every run's prefix", "list", {"before": middle, "id_prefix": "run-"}),
         ("counts", "count", {}),
         ("counts by workflow", "count", {"workflow": "wf.3"}),
         ("counts by key", "count", {"key": "slot-42"}),
@@ -128,9 +140,11 @@ async def median_ms(call: Callable[[], Awaitable[object]], repeats: int) -> floa
 
 
 def plan(path: Path, kind: str, filters: dict[str, Any]) -> list[str]:
-    query, params = (list_runs_query if kind == "list" else count_runs_query)(**filters)
     conn = sqlite3.connect(path)
     try:
+        # a list's statement as the store picks it (with an id prefix: which index leads)
+        query, params = (list_runs_statement(conn, PREFIX_RANGE_ROWS, **filters)
+                         if kind == "list" else count_runs_query(**filters))
         return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query,
                                                params | {"limit": LIMIT})]
     finally:

@@ -23,7 +23,7 @@ from durable._errors import ConfigError
 from durable._types import EntryKind, Fence, NewRun, Run, RunState
 from durable.store import Store, store_from_url
 from durable.store._base import prefix_end
-from durable.store._sqlite import count_runs_query, list_runs_query
+from durable.store._sqlite import count_runs_query, list_runs_query, list_runs_statement
 from tests.pg import pg_url, postgres_server
 from tests.test_store_contract import clock, store_url
 
@@ -127,6 +127,65 @@ async def test_every_filter_shape_answers_exactly_the_matching_runs(
                 assert got == model(runs, **f), f
                 limited = [r.id for r in await store.list_runs(limit=2, **f)]
                 assert limited == got[:2], f
+
+
+async def test_either_index_leading_an_id_prefix_answers_exactly_the_matching_runs(
+        store_url: str, store: Store, clock: FakeClock) -> None:
+    """Both statements of a shape with an id prefix (SqliteStore.list_runs picks one by how
+    many ids the prefix's range holds): the range leading, the other filters checked on its
+    rows; the other filters' index (or the newest-first one) leading, each id checked."""
+    if not store_url.startswith("sqlite"):
+        pytest.skip("the _checked statements are SQLite's")
+    runs = await fill(store, clock, seed=11)
+    rnd = random.Random(12)
+    conn = sqlite3.connect(store_url[len("sqlite:///"):])
+    conn.row_factory = sqlite3.Row
+    try:
+        for n in range(len(FILTERS)):
+            for shape in itertools.combinations(FILTERS[:-1], n):
+                for _ in range(3):
+                    f = {name: pick(rnd, runs, name) for name in (*shape, "id_prefix")}
+                    for leads in (True, False):
+                        query, params = list_runs_query(prefix_leads=leads, **f)
+                        for limit in (1000, 2):
+                            got = [r["id"] for r in conn.execute(query, params | {"limit": limit})]
+                            assert got == model(runs, **f)[:limit], (f, leads)
+    finally:
+        conn.close()
+
+
+async def test_a_wide_id_prefix_is_led_by_the_list_s_order_a_narrow_one_by_its_range(
+        store_url: str, store: Store, clock: FakeClock) -> None:
+    """A prefix that most ids share ("run-") read by its range would read and sort them all
+    (128 ms at 100,000 runs, scripts/bench_list.py); one that few share, by the newest-first
+    index, would walk it all (9 ms with state=completed). The store counts the range's ids
+    first, up to a cap, and lets the smaller side lead."""
+    if not store_url.startswith("sqlite"):
+        pytest.skip("EXPLAIN QUERY PLAN is SQLite's")
+    runs = await fill(store, clock, seed=13)
+    conn = sqlite3.connect(store_url[len("sqlite:///"):])
+    try:
+        def plan(cap: int, **f: Any) -> str:
+            query, params = list_runs_statement(conn, cap, **f)
+            return " | ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query,
+                                                              params | {"limit": 2}))
+
+        wide = sum(r.id.startswith("a") for r in runs)
+        assert wide > 4
+        by_range = "SEARCH durable_runs USING INDEX sqlite_autoindex_durable_runs_1"
+        assert plan(4, id_prefix="a") == "SCAN durable_runs USING INDEX durable_runs_newest"
+        assert plan(wide + 1, id_prefix="a").startswith(by_range)
+        assert plan(4, id_prefix="a", state=RunState.FAILED).startswith(
+            "SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)")
+        assert plan(wide + 1, id_prefix="a", state=RunState.FAILED).startswith(by_range)
+        assert plan(4, id_prefix="a-5").startswith(by_range)  # one id: fewer than the cap
+    finally:
+        conn.close()
+    # the store's own choice answers the same either way
+    for rows in (1, 10_000):
+        store.prefix_range_rows = rows  # type: ignore[attr-defined]
+        got = [r.id for r in await store.list_runs(limit=2, id_prefix="a")]
+        assert got == model(runs, id_prefix="a")[:2]
 
 
 async def test_pages_visit_every_run_once_in_order(store: Store, clock: FakeClock) -> None:
@@ -301,6 +360,17 @@ async def test_every_filter_shape_is_an_indexed_query(store_url: str, store: Sto
                     assert steps == ["SCAN durable_runs USING INDEX durable_runs_newest"]
                 if "id_prefix" not in shape:  # read in the sort's order: no sorting
                     assert not any("TEMP B-TREE" in s for s in steps), (shape, steps)
+                    continue
+                for leads in (True, False):  # either index may lead (SqliteStore.list_runs)
+                    query, params = list_runs_query(prefix_leads=leads,
+                                                    **{k: values[k] for k in shape})
+                    steps = plan(query, params | {"limit": 100})
+                    assert not any(re.fullmatch(r"SCAN durable_runs", s) for s in steps), shape
+                    by_range = steps[0].startswith(
+                        "SEARCH durable_runs USING INDEX sqlite_autoindex_durable_runs_1")
+                    assert by_range is leads, (shape, leads, steps)
+                    if not leads:  # the other filters' index, in the sort's order
+                        assert not any("TEMP B-TREE" in s for s in steps), (shape, steps)
         for shape in [(), ("workflow",), ("key",), ("workflow", "key")]:
             query, params = count_runs_query(**{k: values[k] for k in shape})
             steps = plan(query, params)

@@ -104,10 +104,17 @@ def run_filters(
     created_from: float | None = None,
     created_to: float | None = None,
     id_prefix: str | None = None,
+    prefix_leads: bool | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The WHERE clause (``""`` when nothing is filtered) and its parameters, joined from
     the fixed fragments ``runs_where_<filter>`` of a dialect's queries.sql, one per filter
-    given. Never ``(:x IS NULL OR col = :x)``: SQLite cannot use an index for that."""
+    given. Never ``(:x IS NULL OR col = :x)``: SQLite cannot use an index for that.
+
+    With an id prefix, ``prefix_leads`` says which index finds the rows, where the dialect
+    has ``_checked`` fragments (a condition no index serves): True, the prefix's range of
+    ids (every other filter checked on its rows, which are then sorted); False, the other
+    filters' index (or the newest-first one), read in the list's order, each id checked
+    (docs/list-queries.md, *An id prefix*); None, the planner's choice."""
     params: dict[str, Any] = {}
     used: list[str] = []
     if state is not None:
@@ -136,6 +143,10 @@ def run_filters(
         params["id_prefix"], params["id_prefix_end"] = id_prefix, end
     if not used:
         return "", params
+    if id_prefix and prefix_leads is not None:
+        # checked: the filters that the leading index's rows are tested against
+        used = [f + "_checked" if f.startswith("id_prefix") is not prefix_leads
+                and f"runs_where_{f}_checked" in fragments else f for f in used]
     return "WHERE " + "\n  AND ".join(fragments[f"runs_where_{f}"] for f in used), params
 
 

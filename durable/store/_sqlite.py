@@ -120,6 +120,11 @@ def _append_fenced(conn: sqlite3.Connection, n: int, params: Sequence[Any]) -> N
             raise _Fenced
 
 
+PREFIX_RANGE_ROWS = 512
+"""Below this many ids in an id prefix's range, the range leads the list (its rows are read
+and sorted); from it on, the list's order does (docs/list-queries.md, *An id prefix*)."""
+
+
 def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:
     return {
         "run_id": fence.run_id,
@@ -136,6 +141,9 @@ def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, An
 
 class SqliteStore(Store):
     """A store in one SQLite file, shared safely by several processes."""
+
+    prefix_range_rows: int = PREFIX_RANGE_ROWS
+    """How many ids an id prefix's range may hold for the range to lead the list."""
 
     def __init__(
         self,
@@ -417,12 +425,15 @@ class SqliteStore(Store):
         created_to: float | None = None,
         id_prefix: str | None = None,
     ) -> list[Run]:
-        query, params = list_runs_query(
+        filters: dict[str, Any] = dict(
             state=state, workflow=workflow, key=key, before=before,
             created_from=created_from, created_to=created_to, id_prefix=id_prefix)
-        params["limit"] = limit
+        # a range of no more ids than the page leads: the order would read every entry
+        cap = max(self.prefix_range_rows, limit + 1)
 
         def read(conn: sqlite3.Connection) -> list[Run]:
+            query, params = list_runs_statement(conn, cap, **filters)
+            params["limit"] = limit
             return [Run.from_row(r) for r in conn.execute(query, params)]
 
         return await self._run(read, write=False)
@@ -972,6 +983,20 @@ def list_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:
     """The list statement for the filters given (see :func:`run_filters`) and its parameters."""
     where, params = run_filters(Q, **filters)
     return Q["list_runs"].replace("/*where*/", where), params
+
+
+def list_runs_statement(conn: sqlite3.Connection, cap: int, **filters: Any
+                        ) -> tuple[str, dict[str, Any]]:
+    """The list statement for the filters given, with an id prefix led by the index that
+    reads fewer rows: the prefix's range if it holds fewer than ``cap`` ids (counted in the
+    primary key's index, up to ``cap``), else the list's order, the prefix checked on each
+    index entry. Without a prefix, :func:`list_runs_query`."""
+    if not filters.get("id_prefix"):
+        return list_runs_query(**filters)
+    where, params = run_filters(Q, id_prefix=filters["id_prefix"])
+    probe = Q["id_prefix_rows"].replace("/*prefix*/", where.removeprefix("WHERE "))
+    rows = conn.execute(probe, params | {"cap": cap}).fetchone()[0]
+    return list_runs_query(prefix_leads=rows < cap, **filters)
 
 
 def count_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:

@@ -59,6 +59,44 @@ id >= :id_prefix AND id < :id_prefix_end
 -- name: runs_where_id_prefix_open
 id >= :id_prefix
 
+-- name: runs_where_state_checked
+-- The _checked fragments: the same conditions with unary + on the column, which no index
+-- serves, so the other filters' index (or the prefix's range) leads and these are tested
+-- on its rows; SqliteStore.list_runs picks which by counting the prefix's ids
+-- (id_prefix_rows, below; docs/list-queries.md, "An id prefix").
++state = :state
+
+-- name: runs_where_workflow_checked
++workflow = :workflow
+
+-- name: runs_where_workflow_of_key_checked
++workflow = :workflow
+
+-- name: runs_where_key_checked
++concurrency_key = :key
+
+-- name: runs_where_before_checked
+(+created_at, +id) < (:before_at, :before_id)
+
+-- name: runs_where_created_from_checked
++created_at >= :created_from
+
+-- name: runs_where_created_to_checked
++created_at < :created_to
+
+-- name: runs_where_id_prefix_checked
+-- tested on the entries of the index that leads (each holds the id): no table row is read
+-- for an id that does not match
++id >= :id_prefix AND +id < :id_prefix_end
+
+-- name: runs_where_id_prefix_open_checked
++id >= :id_prefix
+
+-- name: id_prefix_rows
+-- How many ids the prefix's range holds, counted up to :cap in the primary key's index (no
+-- table row read): below the cap the range leads the list, else the list's order does.
+SELECT count(*) AS n FROM (SELECT 1 FROM durable_runs WHERE /*prefix*/ LIMIT :cap);
+
 -- name: latest_run
 -- the key's index (unary +: the workflow is checked on the key's few runs, as in the list)
 SELECT * FROM durable_runs
