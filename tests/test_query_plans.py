@@ -61,6 +61,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "recover_stale": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),
     "any_expired": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),
     "renew": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),
+    # an id prefix's count, which picks the list's leading index: the primary key's index
+    # alone (covering: no table row read)
+    "id_prefix_rows": ("SEARCH durable_runs USING COVERING INDEX "
+                       "sqlite_autoindex_durable_runs_1 (id>? AND id<?)",),
     # the fence of a step's append: the run's row by its id, once per statement
     "append_entries": ("SEARCH durable_runs USING INDEX sqlite_autoindex_durable_runs_1 "
                        "(id=?)", "SCAN 2 CONSTANT ROWS"),
@@ -96,6 +100,9 @@ async def test_every_statement_on_the_runs_reads_its_index(tmp_path: Path) -> No
                 p: VALUES.get(p, "x") for p in re.findall(r":(\w+)", query)}
             if name == "append_entries":  # a template: planned as a pair (positional)
                 query, params = _append_sql(2), ["r00", 0, 1000.0] + ["x"] * 12
+            if name == "id_prefix_rows":  # a template: the prefix's range goes in
+                query = query.replace("/*prefix*/", Q["runs_where_id_prefix"])
+                params = {"id_prefix": "r", "id_prefix_end": "s", "cap": 512}
             steps = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, params)]
             seen[name] = steps
             # a table scan of the runs (by any alias): every statement reads an index
