@@ -6,7 +6,8 @@ folder (WAL, ``synchronous=NORMAL``, the store's defaults):
 1. The store creates the schema (``SqliteStore.open``); then N runs are bulk-inserted with
    plain ``sqlite3`` into ``durable_runs``, in one transaction (not timed): 10 workflows,
    1,000 concurrency keys (a third of the runs have none), states as a busy system has them
-   (80 % completed, 10 % failed, 5 % cancelled, 4 % queued, 1 % running), ids
+   (80 % completed, 10 % failed, 5 % cancelled, 4 % queued, 1 % running), one key ("hot")
+   on a fifth of the runs, ids
    ``run-<12 hex>``, created 10 ms apart with every third run sharing its predecessor's
    ``created_at`` (ties, which the keyset cursor must order by id). No journal rows: the
    list and the counts never read the journal. No ``ANALYZE``: the store never runs it, so
@@ -44,7 +45,7 @@ if str(ROOT) not in sys.path:
 from durable._clock import FakeClock  # noqa: E402
 from durable._types import RunState  # noqa: E402
 from durable.store._sqlite import (  # noqa: E402
-    PREFIX_RANGE_ROWS,
+    PROBE_CAP,
     SqliteStore,
     count_runs_query,
     list_runs_statement,
@@ -68,8 +69,10 @@ def fill(path: Path, n: int, seed: int = 7) -> list[tuple[float, str]]:
             at += 0.01
         state = rnd.choice(STATES)
         # a running run holds its key (one running run per key): running runs have none here
-        key = None if state is RunState.RUNNING or rnd.random() < 1 / 3 else (
-            f"slot-{rnd.randrange(1000)}")
+        # and one key, "hot", that a fifth of the runs share (a resource every run touches)
+        draw = rnd.random()
+        key = None if state is RunState.RUNNING or draw < 1 / 3 else (
+            "hot" if draw < 1 / 3 + 1 / 5 else f"slot-{rnd.randrange(1000)}")
         run_id = f"run-{rnd.getrandbits(48):012x}"
         running = state is RunState.RUNNING
         rows.append((run_id, rnd.choice(WORKFLOWS), "[]", key, state.value,
@@ -122,10 +125,19 @@ def shapes(made: list[tuple[float, str]]) -> list[tuple[str, str, dict[str, Any]
         ("state=completed+no match", "list", {"state": RunState.COMPLETED,
                                               "id_prefix": "zzz"}),
         ("before+every run's prefix", "list", {"before": middle, "id_prefix": "run-"}),
+        ("hot key (1/5 of the runs)", "list", {"key": "hot"}),
+        ("state=running+hot key", "list", {"state": RunState.RUNNING, "key": "hot"}),
+        ("state=queued+hot key", "list", {"state": q, "key": "hot"}),
+        ("workflow+hot key", "list", {"workflow": "wf.3", "key": "hot"}),
+        ("no such workflow+hot key", "list", {"workflow": "wf.none", "key": "hot"}),
+        ("state+workflow+hot key", "list", {"state": f, "workflow": "wf.3", "key": "hot"}),
+        ("state+no such workflow+hot", "list", {"state": f, "workflow": "wf.none",
+                                                "key": "hot"}),
         ("counts", "count", {}),
         ("counts by workflow", "count", {"workflow": "wf.3"}),
         ("counts by key", "count", {"key": "slot-42"}),
         ("counts by workflow+key", "count", {"workflow": "wf.3", "key": "slot-42"}),
+        ("counts by hot key", "count", {"key": "hot"}),
     ]
 
 
@@ -143,7 +155,7 @@ def plan(path: Path, kind: str, filters: dict[str, Any]) -> list[str]:
     conn = sqlite3.connect(path)
     try:
         # a list's statement as the store picks it (with an id prefix: which index leads)
-        query, params = (list_runs_statement(conn, PREFIX_RANGE_ROWS, **filters)
+        query, params = (list_runs_statement(conn, PROBE_CAP, **filters)
                          if kind == "list" else count_runs_query(**filters))
         return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query,
                                                params | {"limit": LIMIT})]

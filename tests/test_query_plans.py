@@ -35,13 +35,16 @@ VALUES: dict[str, Any] = {
     "worker": "w", "lease": 30.0, "cutoff": 1e9, "after_at": 0.0, "after_id": "", "ids": '["a"]',
     "held": '[["a", 1]]', "details": "{}", "key": "k1", "workflow": "wf", "name": "n",
     "id": "r1", "after": 0, "max_recoveries": 3, "cancelled_error": "x", "waiting_for": None,
-    "seen_signals": 0, "run_at": None, "result": None, "error": None,
+    "seen_signals": 0, "run_at": None, "result": None, "error": None, "cap": 512,
 }
 # statement -> (a plan line that must be there, ...)
 EXPECTED: dict[str, tuple[str, ...]] = {
     "claim": ("SEARCH r USING INDEX durable_runs_queue (run_at<?)",
               "SEARCH durable_runs USING COVERING INDEX durable_runs_epoch (epoch>?)",
-              "SEARCH x USING INDEX durable_runs_one_running_per_key (concurrency_key=?)",
+              # the key's running run (009's key+state index, covering; the unique
+              # durable_runs_one_running_per_key before it: a seek either way)
+              "SEARCH x USING COVERING INDEX durable_runs_by_key_state "
+              "(concurrency_key=? AND state=?)",
               "SEARCH y USING INDEX durable_runs_queued_by_key (concurrency_key=?)"),
     "claim_run": ("SEARCH r USING INDEX sqlite_autoindex_durable_runs_1 (id=?)",
                   "SEARCH durable_runs USING COVERING INDEX durable_runs_epoch (epoch>?)",
@@ -56,8 +59,11 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                    "(state=? AND updated_at<?)",),
     "prune_delete_runs": ("SEARCH durable_runs USING INDEX sqlite_autoindex_durable_runs_1 "
                           "(id=?)",),
-    "latest_run": ("SEARCH durable_runs USING INDEX durable_runs_by_concurrency_key "
-                   "(concurrency_key=?)",),
+    "latest_run": ("SEARCH durable_runs USING INDEX durable_runs_by_key_workflow "
+                   "(concurrency_key=? AND workflow=?)",),
+    # a key's runs of a workflow, counted (it picks the list's leading index): index only
+    "key_workflow_rows": ("SEARCH durable_runs USING COVERING INDEX "
+                          "durable_runs_by_key_workflow (concurrency_key=? AND workflow=?)",),
     "recover_stale": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),
     "any_expired": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),
     "renew": ("SEARCH durable_runs USING INDEX durable_runs_by_state (state=?)",),

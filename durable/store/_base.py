@@ -39,7 +39,7 @@ from .._types import (
     SignalSent,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10
@@ -105,6 +105,7 @@ def run_filters(
     created_to: float | None = None,
     id_prefix: str | None = None,
     prefix_leads: bool | None = None,
+    pair_leads: bool | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The WHERE clause (``""`` when nothing is filtered) and its parameters, joined from
     the fixed fragments ``runs_where_<filter>`` of a dialect's queries.sql, one per filter
@@ -114,16 +115,21 @@ def run_filters(
     has ``_checked`` fragments (a condition no index serves): True, the prefix's range of
     ids (every other filter checked on its rows, which are then sorted); False, the other
     filters' index (or the newest-first one), read in the list's order, each id checked
-    (docs/list-queries.md, *An id prefix*); None, the planner's choice."""
+    (docs/list-queries.md, *An id prefix*); None, the planner's choice. With a key, a
+    workflow and a state, ``pair_leads`` True reads the key's runs of the workflow and
+    checks the state (``state_checked``), else the key's runs in the state are read and
+    the workflow checked (*A key with a long history*)."""
     params: dict[str, Any] = {}
     used: list[str] = []
     if state is not None:
         used.append("state")
         params["state"] = RunState(state).value
     if workflow is not None:
-        # with a key, the key's index reads few rows: the workflow is checked on them (else
-        # SQLite counts a key's runs through the workflow's whole index, 7 ms at 100,000)
-        used.append("workflow" if key is None else "workflow_of_key")
+        # with a key, the key's own indexes: its runs of the workflow, or (with a state too)
+        # its runs in the state, the workflow checked on each (docs/list-queries.md, "A key
+        # with a long history"); never the workflow's whole index
+        used.append("workflow" if key is None else
+                    "workflow_of_key" if state is None else "workflow_of_key_state")
         params["workflow"] = workflow
     if key is not None:
         used.append("key")
@@ -143,6 +149,9 @@ def run_filters(
         params["id_prefix"], params["id_prefix_end"] = id_prefix, end
     if not used:
         return "", params
+    if pair_leads and "workflow_of_key_state" in used and "runs_where_state_checked" in fragments:
+        used = [{"workflow_of_key_state": "workflow_of_key", "state": "state_checked"}.get(f, f)
+                for f in used]
     if id_prefix and prefix_leads is not None:
         # checked: the filters that the leading index's rows are tested against
         used = [f + "_checked" if f.startswith("id_prefix") is not prefix_leads

@@ -120,9 +120,11 @@ def _append_fenced(conn: sqlite3.Connection, n: int, params: Sequence[Any]) -> N
             raise _Fenced
 
 
-PREFIX_RANGE_ROWS = 512
+PROBE_CAP = 512
 """Below this many ids in an id prefix's range, the range leads the list (its rows are read
-and sorted); from it on, the list's order does (docs/list-queries.md, *An id prefix*)."""
+and sorted); from it on, the list's order does (docs/list-queries.md, *An id prefix*). The
+same for a key's runs of a workflow against its runs in a state (*A key with a long
+history*)."""
 
 
 def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, Any]:
@@ -142,8 +144,9 @@ def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, An
 class SqliteStore(Store):
     """A store in one SQLite file, shared safely by several processes."""
 
-    prefix_range_rows: int = PREFIX_RANGE_ROWS
-    """How many ids an id prefix's range may hold for the range to lead the list."""
+    probe_cap: int = PROBE_CAP
+    """How many rows an id prefix's range (or a key's runs of a workflow) may hold for it
+    to lead the list (:func:`list_runs_statement`)."""
 
     def __init__(
         self,
@@ -429,7 +432,7 @@ class SqliteStore(Store):
             state=state, workflow=workflow, key=key, before=before,
             created_from=created_from, created_to=created_to, id_prefix=id_prefix)
         # a range of no more ids than the page leads: the order would read every entry
-        cap = max(self.prefix_range_rows, limit + 1)
+        cap = max(self.probe_cap, limit + 1)
 
         def read(conn: sqlite3.Connection) -> list[Run]:
             query, params = list_runs_statement(conn, cap, **filters)
@@ -987,16 +990,22 @@ def list_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:
 
 def list_runs_statement(conn: sqlite3.Connection, cap: int, **filters: Any
                         ) -> tuple[str, dict[str, Any]]:
-    """The list statement for the filters given, with an id prefix led by the index that
-    reads fewer rows: the prefix's range if it holds fewer than ``cap`` ids (counted in the
-    primary key's index, up to ``cap``), else the list's order, the prefix checked on each
-    index entry. Without a prefix, :func:`list_runs_query`."""
-    if not filters.get("id_prefix"):
-        return list_runs_query(**filters)
-    where, params = run_filters(Q, id_prefix=filters["id_prefix"])
-    probe = Q["id_prefix_rows"].replace("/*prefix*/", where.removeprefix("WHERE "))
-    rows = conn.execute(probe, params | {"cap": cap}).fetchone()[0]
-    return list_runs_query(prefix_leads=rows < cap, **filters)
+    """The list statement for the filters given, led by the index that reads fewer rows
+    where no statistics tell SQLite which: an id prefix's range if it holds fewer than
+    ``cap`` ids (counted in the primary key's index, up to ``cap``), else the list's order,
+    the prefix checked on each index entry; with a key, a workflow and a state, the key's
+    runs of the workflow if fewer than ``cap``, else its runs in the state. Otherwise
+    :func:`list_runs_query`."""
+    leads: dict[str, bool] = {}
+    if filters.get("id_prefix"):
+        where, params = run_filters(Q, id_prefix=filters["id_prefix"])
+        probe = Q["id_prefix_rows"].replace("/*prefix*/", where.removeprefix("WHERE "))
+        leads["prefix_leads"] = conn.execute(probe, params | {"cap": cap}).fetchone()[0] < cap
+    if all(filters.get(f) is not None for f in ("key", "workflow", "state")):
+        rows = conn.execute(Q["key_workflow_rows"], {
+            "key": filters["key"], "workflow": filters["workflow"], "cap": cap}).fetchone()[0]
+        leads["pair_leads"] = rows < cap
+    return list_runs_query(**leads, **filters)
 
 
 def count_runs_query(**filters: Any) -> tuple[str, dict[str, Any]]:

@@ -64,6 +64,9 @@ workflow = %(workflow)s::text
 -- name: runs_where_workflow_of_key
 workflow = %(workflow)s::text
 
+-- name: runs_where_workflow_of_key_state
+workflow = %(workflow)s::text
+
 -- name: runs_where_key
 concurrency_key = %(key)s::text
 

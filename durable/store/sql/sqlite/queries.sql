@@ -36,7 +36,13 @@ state = :state
 workflow = :workflow
 
 -- name: runs_where_workflow_of_key
--- with a key given: unary + keeps SQLite on the key's index (few rows), checking the workflow
+-- with a key given: the key's runs of the workflow (durable_runs_by_key_workflow)
+workflow = :workflow
+
+-- name: runs_where_workflow_of_key_state
+-- with a key and a state given: unary + keeps SQLite on the key's runs in the state
+-- (durable_runs_by_key_state: what is queued or running on a key is few runs), checking
+-- the workflow on each
 +workflow = :workflow
 
 -- name: runs_where_key
@@ -72,6 +78,9 @@ id >= :id_prefix
 -- name: runs_where_workflow_of_key_checked
 +workflow = :workflow
 
+-- name: runs_where_workflow_of_key_state_checked
++workflow = :workflow
+
 -- name: runs_where_key_checked
 +concurrency_key = :key
 
@@ -92,15 +101,22 @@ id >= :id_prefix
 -- name: runs_where_id_prefix_open_checked
 +id >= :id_prefix
 
+-- name: key_workflow_rows
+-- How many runs of a workflow a key holds, counted up to :cap in durable_runs_by_key_workflow
+-- (no table row read): with a state too, below the cap these runs lead the list (the state
+-- checked on each), else the key's runs in the state do (the workflow checked).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM durable_runs WHERE concurrency_key = :key AND workflow = :workflow LIMIT :cap);
+
 -- name: id_prefix_rows
 -- How many ids the prefix's range holds, counted up to :cap in the primary key's index (no
 -- table row read): below the cap the range leads the list, else the list's order does.
 SELECT count(*) AS n FROM (SELECT 1 FROM durable_runs WHERE /*prefix*/ LIMIT :cap);
 
 -- name: latest_run
--- the key's index (unary +: the workflow is checked on the key's few runs, as in the list)
+-- the key's runs of the workflow, newest first (durable_runs_by_key_workflow)
 SELECT * FROM durable_runs
-WHERE +workflow = :workflow AND concurrency_key = :key
+WHERE workflow = :workflow AND concurrency_key = :key
 ORDER BY created_at DESC, id DESC
 LIMIT 1;
 
