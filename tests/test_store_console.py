@@ -219,6 +219,11 @@ async def test_a_key_s_runs_are_read_by_state_or_by_workflow_whatever_its_histor
         three = {"key": "k1", "workflow": "wf.a", "state": RunState.QUEUED}
         assert plan(pair + 1, **three) == by_workflow
         assert plan(pair, **three) == by_state
+        sent: list[str] = []  # a prefix's range that leads checks the rest: no pair count
+        conn.set_trace_callback(sent.append)
+        list_runs_statement(conn, 512, id_prefix="a-5", **three)
+        conn.set_trace_callback(None)
+        assert len(sent) == 1 and "id >= " in sent[0], sent  # the prefix's count alone
         counts = " | ".join(row[3] for row in conn.execute(
             "EXPLAIN QUERY PLAN " + count_runs_query(key="k1")[0], {"key": "k1"}))
         assert "COVERING INDEX durable_runs_by_key_state" in counts, counts

@@ -1001,7 +1001,8 @@ def list_runs_statement(conn: sqlite3.Connection, cap: int, **filters: Any
         where, params = run_filters(Q, id_prefix=filters["id_prefix"])
         probe = Q["id_prefix_rows"].replace("/*prefix*/", where.removeprefix("WHERE "))
         leads["prefix_leads"] = conn.execute(probe, params | {"cap": cap}).fetchone()[0] < cap
-    if all(filters.get(f) is not None for f in ("key", "workflow", "state")):
+    if not leads.get("prefix_leads") and all(  # (a leading range checks all the rest)
+            filters.get(f) is not None for f in ("key", "workflow", "state")):
         rows = conn.execute(Q["key_workflow_rows"], {
             "key": filters["key"], "workflow": filters["workflow"], "cap": cap}).fetchone()[0]
         leads["pair_leads"] = rows < cap
