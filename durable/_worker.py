@@ -666,18 +666,22 @@ class Worker:
                 self._rouse()
 
     async def check_cancels(self) -> None:
-        """Stop the attempts whose run an operator cancelled (one read, no write)."""
-        attempts = [a for a in self.active.values()
-                    if a.stopping is None and not a.lost and not a.concluding]
-        if not attempts:
+        """Stop the attempts whose run an operator cancelled (one read, no write: of the
+        running runs with a cancel pending, whatever this worker holds; a busy worker looks
+        after each of its own commits' change signals, BUSY_LOOK_GAP apart at most)."""
+        if not self.active:
             return
         try:
-            flagged = await self.store.cancels_requested([a.run.id for a in attempts])
+            flagged = await self.store.cancels_requested(
+                {a.run.id for a in self.active.values()})
         except StoreError as exc:
             self.log.error("cancel_check_failed", error=str(exc))
             return
-        for attempt in attempts:
-            if attempt.run.id in flagged:
+        if not flagged:
+            return
+        for attempt in list(self.active.values()):
+            if (attempt.run.id in flagged and attempt.stopping is None and not attempt.lost
+                    and not attempt.concluding):
                 attempt.stop("cancelled")
 
     async def _sweep_loop(self) -> None:

@@ -71,6 +71,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     # alone (covering: no table row read)
     "id_prefix_rows": ("SEARCH durable_runs USING COVERING INDEX "
                        "sqlite_autoindex_durable_runs_1 (id>? AND id<?)",),
+    # the cancels a worker looks for after a change signal: 010's partial index alone,
+    # whatever the worker holds (not every running run by durable_runs_by_state)
+    "cancels_pending": ("SCAN durable_runs USING INDEX durable_runs_cancel_pending",),
     # the fence of a step's append: the run's row by its id, once per statement
     "append_entries": ("SEARCH durable_runs USING INDEX sqlite_autoindex_durable_runs_1 "
                        "(id=?)", "SCAN 2 CONSTANT ROWS"),
@@ -154,6 +157,29 @@ async def test_postgres_prune_reads_the_partial_end_index_in_a_generic_plan(
             plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE plan_{name} ({args})"))
             assert "durable_runs_by_end" in plan, (name, plan)
             assert "$1" in plan or "$2" in plan, plan  # generic: the parameters stay symbols
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(reason=TRIO_SKIP))])
+async def test_postgres_cancels_pending_reads_its_partial_index(pg_url: str) -> None:
+    """A worker's look for cancels reads migration 010's partial index (the running runs
+    with a cancel pending), not every running run: 5,000 runs, 2,000 of them running, 5
+    flagged, 2 of those running."""
+    import durable
+    from durable.store._postgres import Q as PQ
+
+    async with durable.Client.connect(pg_url):  # the schema
+        pass
+    with connect_sync(pg_url) as conn:
+        conn.execute(
+            "INSERT INTO durable_runs (id, workflow, args, state, run_at, created_at, updated_at,"
+            " cancel_requested) SELECT 'c' || g, 'wf', '[]', CASE WHEN g % 5 < 2 THEN 'running'"
+            " ELSE 'completed' END, g, g, g, g % 997 = 0 FROM generate_series(1, 5000) AS g")
+        conn.execute("ANALYZE durable_runs")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + PQ["cancels_pending"]))
+        assert "durable_runs_cancel_pending" in plan, plan
+        rows = conn.execute(PQ["cancels_pending"]).fetchall()
+        assert sorted(r[0] for r in rows) == ["c2991", "c4985"]
 
 
 async def test_a_store_at_schema_6_upgrades_with_its_runs(

@@ -553,6 +553,25 @@ async def test_request_cancel(store: Store) -> None:
     assert await store.request_cancel("missing") is None
 
 
+async def test_cancels_requested_names_the_asked_runs_with_a_cancel_pending(
+        store: Store) -> None:
+    """What a worker reads after a change signal (migration 010's index of the running runs
+    with a cancel pending): of the runs asked about, those; not a flagged run nobody asked
+    about, not one that ended with its flag set, not one cancelled while it was queued."""
+    running = {}
+    for run_id in ("a", "b", "c"):
+        await create(store, run_id)
+        running[run_id] = await claim_one(store)
+    await create(store, "d")
+    for run_id in ("a", "b", "d"):
+        assert await store.request_cancel(run_id) is not None
+    assert await store.cancels_requested({"a", "c", "d"}) == {"a"}
+    assert await store.cancels_requested(["a", "b", "c", "d", "missing"]) == {"a", "b"}
+    assert await store.finish(fence(running["b"]), RunState.CANCELLED)
+    assert await store.cancels_requested({"a", "b", "c", "d"}) == {"a"}
+    assert await store.cancels_requested(set()) == set()
+
+
 async def test_requeue_only_from_failed_or_cancelled(store: Store) -> None:
     await create(store, "r1")
     assert await store.requeue("r1", None, None) is None  # queued

@@ -12,7 +12,7 @@ errors become :class:`durable.StoreError` subclasses at this boundary.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from .._types import (
     SignalSent,
 )
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10
@@ -267,11 +267,13 @@ class Store(abc.ABC):
         the worker after the finish committed; a no-op where a commit is the signal)."""
         return None
 
-    async def cancels_requested(self, run_ids: Sequence[str]) -> set[str]:
+    async def cancels_requested(self, run_ids: Collection[str]) -> set[str]:
         """Which of these runs have an operator cancel pending: reads, never writes (a
-        worker asks after a change signal, instead of waiting for its next renewal)."""
+        worker asks after a change signal, instead of waiting for its next renewal). The
+        stores read the running runs with a cancel pending (an index of those alone), so the
+        answer costs the same however many runs are asked about."""
         flagged: set[str] = set()
-        for run_id in run_ids:
+        for run_id in list(run_ids):
             run = await self.get_run(run_id)
             if run is not None and run.cancel_requested:
                 flagged.add(run_id)

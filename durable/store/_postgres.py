@@ -33,7 +33,7 @@ import collections
 import contextlib
 import re
 import select
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -1204,13 +1204,11 @@ class PostgresStore(Store):
                 await listener.close()
         return True
 
-    async def cancels_requested(self, run_ids: Sequence[str]) -> set[str]:
+    async def cancels_requested(self, run_ids: Collection[str]) -> set[str]:
         if not run_ids:
             return set()
-        rows = await self._rows(
-            "SELECT id FROM durable_runs WHERE cancel_requested AND id = ANY(%(ids)s)",
-            {"ids": list(run_ids)})
-        return {str(r["id"]) for r in rows}
+        rows = await self._rows(Q["cancels_pending"], {})
+        return {run_id for run_id in (str(r["id"]) for r in rows) if run_id in run_ids}
 
     async def wait_for_work(self, timeout: float, worker: str | None = None, *,
                             patient: bool = False) -> None:

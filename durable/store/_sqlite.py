@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -390,18 +390,14 @@ class SqliteStore(Store):
                                              check_same_thread=False)
         return lambda: conn.execute("PRAGMA data_version").fetchone()[0]
 
-    async def cancels_requested(self, run_ids: Sequence[str]) -> set[str]:
+    async def cancels_requested(self, run_ids: Collection[str]) -> set[str]:
         if not run_ids:
             return set()
-        ids = list(run_ids)
 
-        def read(conn: sqlite3.Connection) -> set[str]:
-            marks = ", ".join("?" * len(ids))
-            return {r[0] for r in conn.execute(
-                f"SELECT id FROM durable_runs WHERE cancel_requested AND id IN ({marks})",
-                ids)}
+        def read(conn: sqlite3.Connection) -> list[str]:
+            return [r[0] for r in conn.execute(Q["cancels_pending"])]
 
-        return await self._run(read, write=False)
+        return {run_id for run_id in await self._run(read, write=False) if run_id in run_ids}
 
     # -- runs --------------------------------------------------------------------------------
     async def create_run(self, new: NewRun) -> tuple[Run, bool]:

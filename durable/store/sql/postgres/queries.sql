@@ -472,6 +472,12 @@ SELECT id, epoch FROM recovered ORDER BY id;
 -- name: journal
 SELECT * FROM durable_journal WHERE run_id = %(run_id)s AND seq > %(after)s ORDER BY seq;
 
+-- name: cancels_pending
+-- The running runs with an operator cancel pending, of every worker (a worker keeps those
+-- it holds): migration 010's partial index alone, so the read costs the same whatever the
+-- worker holds; few entries, since a cancelled run ends within moments of the flag.
+SELECT id FROM durable_runs WHERE cancel_requested AND state = 'running';
+
 -- name: request_cancel
 -- One statement: a queued run is cancelled at once, a running one is flagged. A concurrent
 -- release or claim of the run is waited for and the row re-checked, so a run that is queued

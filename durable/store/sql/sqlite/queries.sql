@@ -277,6 +277,15 @@ id = :run_id AND epoch = :epoch AND worker = :worker
 -- name: journal
 SELECT * FROM durable_journal WHERE run_id = :run_id AND seq > :after ORDER BY seq;
 
+-- name: cancels_pending
+-- The running runs with an operator cancel pending, of every worker (a worker keeps those
+-- it holds): migration 010's partial index alone, so the read costs the same whatever the
+-- worker holds; few entries, since a cancelled run ends within moments of the flag.
+-- Named: without statistics SQLite takes durable_runs_by_state (state=?) for an equality
+-- over the index that holds every running run (a worker's statement: it migrated first).
+SELECT id FROM durable_runs INDEXED BY durable_runs_cancel_pending
+WHERE cancel_requested AND state = 'running';
+
 -- name: request_cancel
 -- One statement: a queued run is cancelled at once, a running one is flagged.
 UPDATE durable_runs
