@@ -1,5 +1,5 @@
 -- Schema version 10 (PostgreSQL): the running runs an operator cancel is pending on
--- (docs/design.md, "An operator's cancel reaches the attempt"). A worker looked up the
+-- (docs/design.md, "Nothing waits for a poll"). A worker looked up the
 -- cancel flags of every run it held after each change signal (`id = ANY(...)`, a lookup
 -- per held run); it now reads this index, which holds only the cancels in flight (a
 -- running run with a cancel pending; it leaves the index when the run ends), whatever the
