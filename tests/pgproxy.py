@@ -32,6 +32,7 @@ class LosingProxy:
         self.port = 0
         self._marker: bytes | None = None
         self._unsent = False  # the marked request itself is lost, not its answer
+        self._times = 0  # marked requests still to lose (lose_request)
         self.lost = anyio.Event()
         """Set once an answer was withheld, or a request lost (its connection closed)."""
         self.answers_lost = 0
@@ -48,10 +49,11 @@ class LosingProxy:
         """Withhold the answer to the next request that carries ``marker`` (once)."""
         self._marker, self._unsent = marker.encode(), False
 
-    def lose_request(self, marker: str) -> None:
-        """Lose the next request that carries ``marker`` (once): the server never sees it,
-        and the client's connection is closed once it has sent it."""
-        self._marker, self._unsent = marker.encode(), True
+    def lose_request(self, marker: str, times: int = 1) -> None:
+        """Lose the next ``times`` requests that carry ``marker`` (once each, by default
+        one): the server never sees them, and the client's connection is closed once it has
+        sent each."""
+        self._marker, self._unsent, self._times = marker.encode(), True, times
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
@@ -71,11 +73,14 @@ class LosingProxy:
         def lost_up(data: bytes) -> bool:  # a request: lost itself, or its answer next
             if self._marker is None or self._marker not in data:
                 return False
-            self._marker = None
             if self._unsent:
+                self._times -= 1
+                if self._times <= 0:
+                    self._marker = None
                 self.requests_lost += 1
                 self.lost.set()
                 return True
+            self._marker = None
             cut.set()
             return False
 

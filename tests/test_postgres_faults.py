@@ -320,16 +320,9 @@ async def test_an_append_whose_answer_was_lost_goes_on_when_the_journal_holds_it
     assert "journal_write_confirmed" in [e for _, e in said(caplog, "lost-append")]
 
 
-async def test_a_read_that_loses_its_connection_gives_the_run_back_not_fails_it(
-        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store) -> None:
-    """A workflow's read of a record loses its connection (the statement lost on its way):
-    the database could not be reached, which is not the workflow's failure. The attempt
-    stops and gives the run back (``run_interrupted``, the reason journaled); the next
-    attempt resumes from the journal, step 1 not run again. (Before: the run failed with
-    the StoreUnavailableError as its error.)"""
+def record_reads(calls: list[str]) -> durable.Registry:
+    """``t.reads``: step "one", a read of the record ``ns/<marker>``, step "two"."""
     registry = durable.Registry()
-    calls: list[str] = []
-    marker = "record-whose-read-is-lost-once"
 
     @durable.activity("t.step", registry=registry)
     async def step(ctx: durable.ActivityContext, name: str) -> str:
@@ -337,24 +330,96 @@ async def test_a_read_that_loses_its_connection_gives_the_run_back_not_fails_it(
         return name
 
     @durable.workflow("t.reads", registry=registry)
-    async def reads(ctx: durable.WorkflowContext) -> list[Any]:
+    async def reads(ctx: durable.WorkflowContext, marker: str) -> list[Any]:
         one = await step(ctx, "one")
         value = await ctx.get_record("ns", marker)
         return [one, value, await step(ctx, "two")]
 
+    return registry
+
+
+async def test_a_pg_terminated_read_is_sent_again_and_a_write_fails(pg_url: str) -> None:
+    """``pg_terminate_backend`` on the connection of a statement waiting for a lock (the
+    server's FATAL arrives while it runs): a read (``list``) is sent again on another
+    connection and answers; a write (``request_cancel``) fails, its outcome unknown to the
+    store, and the run is as it was."""
+    from durable._errors import StoreUnavailableError
+
+    tag = "readagain"
+    base, schema = split_url(pg_url)
+    url = f"{base}?schema={schema}&application_name={tag}"
+    async with durable.Client.connect(url) as client:
+        run = await client.start("t.nothing", id="r1")
+
+        def blocked() -> list[int]:
+            with connect_sync(pg_url) as c:
+                return [int(r[0]) for r in c.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                    "AND wait_event_type = 'Lock'", (tag,))]
+
+        async def while_locked(call: Callable[[], Any]) -> list[Any]:
+            out: list[Any] = []
+            locker = await anyio.to_thread.run_sync(connect_sync, pg_url)
+            try:
+                await anyio.to_thread.run_sync(locker.execute, "BEGIN")
+                await anyio.to_thread.run_sync(
+                    locker.execute, "LOCK TABLE durable_runs IN ACCESS EXCLUSIVE MODE")
+
+                async def send() -> None:
+                    try:
+                        out.append(await call())
+                    except StoreUnavailableError as exc:
+                        out.append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send)
+                    await poll(lambda: anyio.to_thread.run_sync(blocked))
+                    pids = await anyio.to_thread.run_sync(blocked)
+                    await anyio.to_thread.run_sync(terminate, pg_url, pids)
+                    await anyio.to_thread.run_sync(locker.execute, "COMMIT")
+            finally:
+                await anyio.to_thread.run_sync(locker.close)
+            return out
+
+        [listed] = await while_locked(lambda: client.list(limit=5))
+        assert [r.id for r in listed] == [run.id]
+        # the store's write itself (Client.cancel reads the run first: that read would wait)
+        [cancelled] = await while_locked(lambda: client.store.request_cancel(run.id))
+        assert isinstance(cancelled, StoreUnavailableError), cancelled
+        assert "terminating connection" in str(cancelled)
+        after = await client.get(run.id)
+        assert (after.state, after.cancel_requested) == (RunState.QUEUED, False)
+
+
+@pytest.mark.parametrize("losses", [1, 2])
+async def test_a_read_that_loses_its_connection_is_sent_again_then_gives_the_run_back(
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store, losses: int) -> None:
+    """A workflow's read of a record loses its connection (the statement lost on its way,
+    the connection closed). Once: a read changes nothing, so the store sends it again on
+    another connection and the attempt goes on (one attempt, no interruption). Twice (the
+    second send lost too): the database could not be reached, which is not the workflow's
+    failure; the attempt stops and gives the run back (``run_interrupted``, the reason
+    journaled), and the next attempt resumes from the journal, step 1 not run again.
+    (Before the second send, one loss did that; before that, the run failed.)"""
+    calls: list[str] = []
+    registry = record_reads(calls)
+    marker = f"record-whose-read-is-lost-{losses}"
     client = durable.Client(direct, registry=registry)
-    await client.start(reads, id="lost-read")
+    await client.start("t.reads", marker, id="lost-read")
     async with worker_behind_a_losing_proxy(
-            pg_url, registry, caplog, lambda proxy: proxy.lose_request(marker)):
+            pg_url, registry, caplog,
+            lambda proxy: proxy.lose_request(marker, times=losses)) as proxy:
         run = await client.wait("lost-read", timeout=30)
+    assert proxy.requests_lost == losses
     assert (run.state, run.result, run.attempt) == (
-        RunState.COMPLETED, ["one", None, "two"], 2), run.error
+        RunState.COMPLETED, ["one", None, "two"], losses), run.error
     assert calls == ["one", "two"]
     journal = await direct.journal("lost-read")
     interrupted = [e for e in journal if e.kind is EntryKind.RUN_INTERRUPTED]
-    assert len(interrupted) == 1
-    assert str(interrupted[0].data["reason"]).startswith("the store failed: cannot reach")
-    assert "store_failed" in [e for _, e in said(caplog, "lost-read")]
+    assert len(interrupted) == losses - 1
+    if interrupted:
+        assert str(interrupted[0].data["reason"]).startswith("the store failed: cannot reach")
+        assert "store_failed" in [e for _, e in said(caplog, "lost-read")]
 
 
 async def test_a_start_whose_answer_was_lost_is_sent_again_and_queues_one_run(

@@ -497,6 +497,24 @@ class PostgresStore(Store):
         rows = await self._rows(query, params)
         return rows[0] if rows else None
 
+    async def _read(self, query: str, params: Mapping[str, Any]) -> list[DictRow]:
+        """A statement that changes nothing, sent once more on another connection when the
+        server ended the connection under it (``pg_terminate_backend``, a restart, an idle
+        session timeout: the FATAL can reach the socket after the checkout looked, or
+        while the statement runs). A write's outcome would be unknown then and it fails; a
+        read's is never in doubt, so it is only late. Any other failure, or a second one,
+        raises as a write's does."""
+        try:
+            return await self._rows(query, params)
+        except StoreUnavailableError as exc:
+            if not _ended_by_server(exc.__cause__):
+                raise
+        return await self._rows(query, params)
+
+    async def _read_row(self, query: str, params: Mapping[str, Any]) -> DictRow | None:
+        rows = await self._read(query, params)
+        return rows[0] if rows else None
+
     def _address(self) -> str:
         """``host:port`` the store connects to (libpq's defaults when the URL has none)."""
         params = conninfo_to_dict(self._conninfo)
@@ -532,7 +550,7 @@ class PostgresStore(Store):
     async def now(self) -> float:
         if not self._server_time:
             return self.clock.now()
-        row = await self._row(Q["now"], {"now": None})
+        row = await self._read_row(Q["now"], {"now": None})
         if row is None or row["now"] is None:
             raise StoreError("the server did not say what time it is")
         return float(row["now"])
@@ -577,7 +595,7 @@ class PostgresStore(Store):
             return Run.from_row(row), True
         # The id exists (maybe committed by a concurrent call this statement waited for):
         # read it with a fresh snapshot.
-        existing = await self._row(Q["get_run"], {"id": new.id})
+        existing = await self._read_row(Q["get_run"], {"id": new.id})
         if existing is None:
             pruned = await self.get_pruned(new.id)
             if pruned is not None:  # the id named a run that was pruned: not used again
@@ -586,7 +604,7 @@ class PostgresStore(Store):
         return Run.from_row(existing), False
 
     async def get_run(self, run_id: str) -> Run | None:
-        row = await self._row(Q["get_run"], {"id": run_id})
+        row = await self._read_row(Q["get_run"], {"id": run_id})
         return None if row is None else Run.from_row(row)
 
     async def list_runs(
@@ -606,27 +624,27 @@ class PostgresStore(Store):
             created_from=created_from, created_to=created_to, id_prefix=id_prefix)
         params["limit"] = limit
         query = Q["list_runs"].replace("/*where*/", where)
-        return [Run.from_row(r) for r in await self._rows(query, params)]
+        return [Run.from_row(r) for r in await self._read(query, params)]
 
     async def count_runs(
         self, *, workflow: str | None = None, key: str | None = None
     ) -> dict[RunState, int]:
         where, params = run_filters(Q, workflow=workflow, key=key)
         counts = dict.fromkeys(RunState, 0)
-        for row in await self._rows(Q["count_runs"].replace("/*where*/", where), params):
+        for row in await self._read(Q["count_runs"].replace("/*where*/", where), params):
             counts[RunState(row["state"])] = int(row["n"])
         return counts
 
     async def latest_run(self, workflow: str, key: str) -> Run | None:
-        row = await self._row(Q["latest_run"], {"workflow": workflow, "key": key})
+        row = await self._read_row(Q["latest_run"], {"workflow": workflow, "key": key})
         return None if row is None else Run.from_row(row)
 
     async def next_run_at(self) -> float | None:
-        row = await self._row(Q["next_run_at"], {})
+        row = await self._read_row(Q["next_run_at"], {})
         return None if row is None or row["run_at"] is None else float(row["run_at"])
 
     async def queue_stats(self) -> dict[str, tuple[int, float]]:
-        rows = await self._rows(Q["queue_stats"], {"now": self._now()})
+        rows = await self._read(Q["queue_stats"], {"now": self._now()})
         return {row["workflow"]: (int(row["n"]), max(0.0, float(row["age"]))) for row in rows}
 
     # -- attempts ----------------------------------------------------------------------------
@@ -680,7 +698,7 @@ class PostgresStore(Store):
     ) -> list[Run]:
         params = {"limit": limit, "now": self._now(),
                   "workflows": None if workflows is None else list(workflows)}
-        return [Run.from_row(r) for r in await self._rows(Q["claimable"], params)]
+        return [Run.from_row(r) for r in await self._read(Q["claimable"], params)]
 
     async def claim_with(
         self,
@@ -1044,7 +1062,7 @@ class PostgresStore(Store):
                 for r in await self._rows(Q["recover_stale"], params)]
 
     async def journal(self, run_id: str, after: int = 0) -> list[JournalEntry]:
-        rows = await self._rows(Q["journal"], {"run_id": run_id, "after": after})
+        rows = await self._read(Q["journal"], {"run_id": run_id, "after": after})
         return [JournalEntry.from_row(r) for r in rows]
 
     # -- operator actions ---------------------------------------------------------------------
@@ -1085,7 +1103,7 @@ class PostgresStore(Store):
 
     async def next_signal(self, run_id: str, name: str,
                           after: int) -> tuple[int, Signal | None]:
-        row = await self._row(Q["next_signal"], {"run_id": run_id, "name": name,
+        row = await self._read_row(Q["next_signal"], {"run_id": run_id, "name": name,
                                                  "after": after})
         if row is None:
             return 0, None
@@ -1093,7 +1111,7 @@ class PostgresStore(Store):
         return count, None if row["seq"] is None else _signal(row)
 
     async def list_signals(self, run_id: str) -> list[Signal]:
-        return [_signal(r) for r in await self._rows(Q["list_signals"], {"run_id": run_id})]
+        return [_signal(r) for r in await self._read(Q["list_signals"], {"run_id": run_id})]
 
     # -- records -----------------------------------------------------------------------------
     async def put_records(
@@ -1136,11 +1154,11 @@ class PostgresStore(Store):
         return True
 
     async def get_record(self, namespace: str, key: str) -> Record | None:
-        row = await self._row(Q["get_record"], {"namespace": namespace, "key": key})
+        row = await self._read_row(Q["get_record"], {"namespace": namespace, "key": key})
         return None if row is None else _record(row)
 
     async def list_records(self, namespace: str) -> list[Record]:
-        return [_record(r) for r in await self._rows(Q["list_records"], {"namespace": namespace})]
+        return [_record(r) for r in await self._read(Q["list_records"], {"namespace": namespace})]
 
     # -- waking idle workers and waiting clients ----------------------------------------------
     pushes_changes = True
@@ -1207,7 +1225,7 @@ class PostgresStore(Store):
     async def cancels_requested(self, run_ids: Collection[str]) -> set[str]:
         if not run_ids:
             return set()
-        rows = await self._rows(Q["cancels_pending"], {})
+        rows = await self._read(Q["cancels_pending"], {})
         return {run_id for run_id in (str(r["id"]) for r in rows) if run_id in run_ids}
 
     async def wait_for_work(self, timeout: float, worker: str | None = None, *,
@@ -1330,11 +1348,11 @@ class PostgresStore(Store):
         return found, False
 
     async def get_schedule(self, name: str) -> Schedule | None:
-        row = await self._row(Q["get_schedule"], {"name": name})
+        row = await self._read_row(Q["get_schedule"], {"name": name})
         return None if row is None else Schedule.from_row(row)
 
     async def list_schedules(self) -> list[Schedule]:
-        return [Schedule.from_row(r) for r in await self._rows(Q["list_schedules"], {})]
+        return [Schedule.from_row(r) for r in await self._read(Q["list_schedules"], {})]
 
     async def pause_schedule(self, name: str, paused: bool) -> Schedule | None:
         row = await self._row(Q["pause_schedule"],
@@ -1363,7 +1381,7 @@ class PostgresStore(Store):
     async def prunable_runs(self, state: RunState, cutoff: float, limit: int,
                             after: tuple[float, str] | None = None) -> list[Run]:
         at, last = after if after is not None else (float("-inf"), "")
-        rows = await self._rows(Q["prunable_runs"], {
+        rows = await self._read(Q["prunable_runs"], {
             "state": RunState(state).value, "cutoff": cutoff, "limit": limit,
             "after_at": at, "after_id": last})
         return [Run.from_row(r) for r in rows]
@@ -1382,7 +1400,7 @@ class PostgresStore(Store):
         return pruned
 
     async def get_pruned(self, run_id: str) -> PrunedRun | None:
-        row = await self._row(Q["get_pruned"], {"id": run_id})
+        row = await self._read_row(Q["get_pruned"], {"id": run_id})
         return None if row is None else PrunedRun.from_row(row)
 
 
@@ -1502,6 +1520,13 @@ def _check_versions(expected: Mapping[tuple[str, str], int],
         want = expected.get((ns, key))
         if want is not None and version - 1 != want:
             raise StaleRecordError(ns, key, want, version - 1)
+
+
+def _ended_by_server(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the server ended the connection (terminated by an operator, a
+    shutdown, a crash: SQLSTATE 57P01-57P03), or that it closed without a word."""
+    return isinstance(exc, psycopg.OperationalError) and (
+        exc.sqlstate is None or exc.sqlstate in ("57P01", "57P02", "57P03"))
 
 
 def _alive(conn: Conn) -> bool:
