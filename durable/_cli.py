@@ -49,6 +49,15 @@ from .store import Store, store_from_url
 DEFAULT_DB = "sqlite:///durable.db"
 
 
+def _existing(args: argparse.Namespace,
+              console_url: str | None = None) -> contextlib.AbstractAsyncContextManager[Client]:
+    """A client on ``--db`` as it is, for the commands that read or steer runs: a missing
+    database, or a schema older than this durable's, is an error (one line; ``durable
+    migrate`` upgrades it), never created or upgraded under the workers that use it. Only
+    ``start``, ``schedule add``, ``worker`` and ``migrate`` create or upgrade."""
+    return Client.connect(args.db, create=False, upgrade=False, console_url=console_url)
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     print(f"durable: error: {message}", file=sys.stderr)
     raise SystemExit(code)
@@ -156,7 +165,7 @@ async def _cmd_start(args: argparse.Namespace) -> int:
 
 
 async def _cmd_list(args: argparse.Namespace) -> int:
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         runs = await client.list(state=args.state, workflow=args.workflow, key=args.key,
                                  limit=args.limit,
                                  created_from=parse_time(args.since, "--since"),
@@ -186,7 +195,7 @@ async def _cmd_show(args: argparse.Namespace) -> int:
                               f"with {'--json' if args.json else '--step'} (run show without "
                               "--follow for that)")
         return await _follow_run(args)
-    async with Client.connect(args.db, create=False, console_url=args.console_url) as client:
+    async with _existing(args, console_url=args.console_url) as client:
         run = await client.get(args.id)
         entries = await client.store.journal(args.id)
         signals = await client.store.list_signals(args.id)
@@ -205,7 +214,7 @@ async def _cmd_show(args: argparse.Namespace) -> int:
 async def _follow_run(args: argparse.Namespace) -> int:
     """``show ID --follow``: 0 once the run has ended, 130 on Ctrl-C (SIGINT)."""
     interrupted = False
-    async with Client.connect(args.db, create=False, console_url=args.console_url) as client:
+    async with _existing(args, console_url=args.console_url) as client:
         follower = Follower(client, args.id, sys.stdout, width=terminal_width(sys.stdout),
                             color=use_color(sys.stdout, args.color), tty=_isatty(sys.stdout),
                             console_url=args.console_url)
@@ -253,7 +262,7 @@ def _cli_origin() -> dict[str, Any]:
 
 
 async def _cmd_cancel(args: argparse.Namespace) -> int:
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         run = await client.cancel(args.id, origin=_cli_origin())
     if run.state.finished:
         print(f"{run.id} cancelled before it started")
@@ -264,7 +273,7 @@ async def _cmd_cancel(args: argparse.Namespace) -> int:
 
 async def _cmd_signal(args: argparse.Namespace) -> int:
     payload = None if args.payload is None else _parse_json_arg(args.payload)
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         recorded = await client.signal(args.id, args.name, payload, id=args.signal_id,
                                        origin=_cli_origin())
     if recorded:
@@ -278,7 +287,7 @@ async def _cmd_signal(args: argparse.Namespace) -> int:
 async def _cmd_replay(args: argparse.Namespace) -> int:
     policy: InDoubt | None = (
         "rerun" if args.rerun_in_doubt else "accept" if args.accept_in_doubt else None)
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         entries = await client.journal(args.id)
         try:
             run = await client.replay(args.id, from_step=args.from_step, in_doubt=policy,
@@ -307,7 +316,7 @@ async def _cmd_schedule_add(args: argparse.Namespace) -> int:
 
 
 async def _cmd_schedule_list(args: argparse.Namespace) -> int:
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         found = await client.schedules()
     if args.json:
         print(json.dumps([s.to_json() for s in found], indent=2))
@@ -325,7 +334,7 @@ async def _cmd_schedule_list(args: argparse.Namespace) -> int:
 
 
 async def _cmd_schedule_show(args: argparse.Namespace) -> int:
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         found = await client.get_schedule(args.name)
     shown = found.to_json()
     if args.json:
@@ -340,7 +349,7 @@ async def _cmd_schedule_show(args: argparse.Namespace) -> int:
 
 async def _cmd_schedule_pause(args: argparse.Namespace) -> int:
     paused = args.schedule_command == "pause"
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         found = await client.pause_schedule(args.name, paused=paused)
     if paused:
         print(f"schedule {found.name} paused: it starts nothing until resumed")
@@ -350,7 +359,7 @@ async def _cmd_schedule_pause(args: argparse.Namespace) -> int:
 
 
 async def _cmd_schedule_delete(args: argparse.Namespace) -> int:
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         await client.delete_schedule(args.name)
     print(f"schedule {args.name} deleted (the runs it started stay)")
     return 0
@@ -367,7 +376,7 @@ async def _cmd_prune(args: argparse.Namespace) -> int:
             print(f"{item.id:<36} {item.workflow:<20} {item.state.value:<10} ended "
                   f"{iso(item.updated_at)}")
 
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         cutoff = await client.store.now() - older_than
         total = await prune(client.store, older_than, states, dry_run=args.dry_run,
                             seen=seen)
@@ -382,7 +391,7 @@ async def _cmd_decide(args: argparse.Namespace) -> int:
     """``approve ID [--note]`` / ``reject ID [--reason]``: a signal to a run's plan gate."""
     text = args.note if args.decision == APPROVE else args.reason
     payload = {"note" if args.decision == APPROVE else "reason": text} if text else {}
-    async with Client.connect(args.db, create=False) as client:
+    async with _existing(args) as client:
         await send_decision(client, args.id, args.decision, payload, id=args.signal_id,
                             origin=_cli_origin())
     print(f"{args.id}: plan approved; the run re-checks it, then acts" if args.decision
@@ -506,8 +515,7 @@ async def _cmd_console(args: argparse.Namespace) -> int:
     token = console_command.read_token(args.token_file)
     sock = bind_socket(*parse_bind(args.bind, "--bind"))  # a taken port: one line, nothing
     with sock:
-        async with Client.connect(args.db, create=False,
-                                  console_url=args.console_url) as client:
+        async with _existing(args, console_url=args.console_url) as client:
             async with anyio.create_task_group() as tg:
                 await tg.start(_cancel_on_signal, tg.cancel_scope)
                 await console_command.serve_client(client, sock, token)

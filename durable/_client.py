@@ -58,10 +58,12 @@ class Client:
     @asynccontextmanager
     async def connect(cls, url: str, *, clock: Clock | None = None,
                       registry: Registry | None = None, console_url: str | None = None,
-                      create: bool = True,
+                      create: bool = True, upgrade: bool = True,
                       interceptors: Sequence[Interceptor] = ()) -> AsyncIterator[Client]:
-        """Open the store at ``url`` for the duration of the block."""
-        store = store_from_url(url, clock=clock, create=create)
+        """Open the store at ``url`` for the duration of the block. It creates the database
+        if there is none and upgrades an older schema, unless ``create=False`` /
+        ``upgrade=False`` (then either is an error: :func:`~durable.store_from_url`)."""
+        store = store_from_url(url, clock=clock, create=create, upgrade=upgrade)
         await store.open()
         try:
             yield cls(store, registry=registry, console_url=console_url,

@@ -71,7 +71,9 @@ class NotSentError(StoreUnavailableError):
 
 
 class SchemaVersionError(StoreError):
-    """The database schema is newer than this version of durable understands."""
+    """The database schema is newer than this version of durable understands, or older and
+    the store was opened with ``upgrade=False`` (the operator's read and control commands:
+    ``durable migrate`` upgrades it)."""
 
 
 class StaleRecordError(DurableError):

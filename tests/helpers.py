@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -15,6 +16,8 @@ import anyio
 
 import durable
 import durable.testing
+from durable.store._sql import load_migrations
+from durable.store._sqlite import _split_script
 
 from .conftest import ROOT, subprocess_env
 
@@ -83,3 +86,33 @@ def python_process(args: list[str], log: Path, *,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def at_schema(url: str, version: int) -> None:
+    """The database of a store URL (a new SQLite file, or a PostgreSQL URL's schema, not yet
+    there) as a durable of schema ``version`` left it: the migrations up to that number,
+    nothing later (SQLite in WAL, as every durable opens it)."""
+    scripts = [(number, script) for number, script
+               in load_migrations("sqlite" if url.startswith("sqlite:") else "postgres")
+               if number <= version]
+    meta = (f"INSERT INTO durable_meta (key, value) VALUES ('schema_version', '{version}') "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url[len("sqlite:///"):], isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            for _, script in scripts:
+                for statement in _split_script(script):
+                    conn.execute(statement)
+            conn.execute(meta)
+        finally:
+            conn.close()
+        return
+    from .pg import connect_sync, split_url
+
+    _, schema = split_url(url)
+    with connect_sync(url) as pg:
+        pg.execute(f'CREATE SCHEMA "{schema}"'.encode())
+        for _, script in scripts:
+            pg.execute(script.encode())
+        pg.execute(meta.encode())

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from durable.store import SCHEMA_VERSION
+
 from .conftest import ROOT, subprocess_env
+from .helpers import at_schema
 
 
 def cli(*args: str, db: str | None = None, module: str = "durable", cwd: Path = ROOT,
@@ -111,6 +114,28 @@ def test_a_database_from_a_newer_schema_version(db: tuple[str, Path]) -> None:
                  ["start", "cli.hello", '"a"', "--import", "tests.cliflows"]):
         assert_one_line_error(cli(*args, db=url), "schema version 99", "upgrade durable")
     assert count_runs(path) == 0
+
+
+def test_read_and_control_commands_refuse_an_older_schema(db: tuple[str, Path]) -> None:
+    """An operator's newer CLI never upgrades a database under the workers that use it:
+    every command but start, schedule add, worker and migrate refuses a schema behind its
+    own in one line that names ``durable migrate``, and leaves the file as it was."""
+    url, path = db
+    older = SCHEMA_VERSION - 1
+    at_schema(url, older)
+    before = path.read_bytes()
+    for args in (["list"], ["show", "x"], ["show", "x", "--follow"], ["cancel", "x"],
+                 ["signal", "x", "go"], ["approve", "x"], ["replay", "x"],
+                 ["schedule", "list"], ["schedule", "pause", "s"],
+                 ["prune", "--older-than", "1d"], ["console", "--bind", "127.0.0.1:0"]):
+        assert_one_line_error(cli(*args, db=url), f"schema version {older}, older than",
+                              f"upgrade it with: durable migrate --db {url}")
+    assert path.read_bytes() == before
+    migrated = cli("migrate", db=url)
+    assert migrated.returncode == 0, migrated.stderr
+    assert f"schema version {SCHEMA_VERSION}" in migrated.stdout
+    listed = cli("list", db=url)
+    assert (listed.returncode, listed.stdout.strip()) == (0, "no runs"), listed.stderr
 
 
 def test_unknown_run_and_bad_module(db: tuple[str, Path]) -> None:

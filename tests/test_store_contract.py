@@ -23,7 +23,7 @@ from durable._clock import FakeClock
 from durable._errors import ConfigError, SchemaVersionError, StoreUnavailableError
 from durable._types import EntryKind, Fence, Finish, JournalWrite, NewRun, Run, RunState
 from durable.store import SCHEMA_VERSION, Store, store_from_url
-from tests.helpers import kinds, poll
+from tests.helpers import at_schema, kinds, poll
 from tests.pg import TRIO_SKIP, connect_sync, pg_url, postgres_server, psycopg, split_url
 
 __all__ = ["pg_url", "postgres_server"]  # the PostgreSQL fixtures and PG_URL: tests/pg.py
@@ -686,6 +686,22 @@ async def test_postgres_concurrent_first_opens_migrate_once(pg_url: str,
         for _ in range(4):
             tg.start_soon(open_one)
     assert versions == [SCHEMA_VERSION] * 4
+
+
+async def test_an_open_without_upgrade_refuses_an_older_schema_and_leaves_it(
+        store_url: str, clock: FakeClock) -> None:
+    """``upgrade=False`` (the operator's read and control commands): a schema behind this
+    durable's is an error naming ``durable migrate``, and stays as it was; an open that may
+    upgrade (a worker's, a client's) then takes it to the current version."""
+    older = SCHEMA_VERSION - 1
+    at_schema(store_url, older)
+    for _ in range(2):  # refused again: the first refusal changed nothing
+        with pytest.raises(SchemaVersionError,
+                           match=rf"schema version {older}, older than .*durable migrate --db"):
+            async with opened(store_url, clock, create=False, upgrade=False):
+                pass
+    async with opened(store_url, clock, create=False) as store:
+        assert await store.schema_version() == SCHEMA_VERSION
 
 
 @postgres_only

@@ -20,6 +20,7 @@ import anyio
 
 from .. import _wake
 from .._clock import Clock
+from .._errors import SchemaVersionError
 from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec
 from .._types import (
@@ -40,6 +41,15 @@ from .._types import (
 )
 
 SCHEMA_VERSION = 10
+
+
+def schema_behind(url: str, version: int) -> SchemaVersionError:
+    """The refusal of a store opened with ``upgrade=False`` on a schema older than this
+    durable's: the operator's commands other than ``start``, ``schedule add``, ``worker``
+    and ``migrate`` never upgrade a database under the workers that use it."""
+    return SchemaVersionError(
+        f"the database {url} has schema version {version}, older than this durable's "
+        f"({SCHEMA_VERSION}); upgrade it with: durable migrate --db {url}")
 """The schema version this version of durable writes and understands."""
 
 DEFAULT_MAX_RECOVERIES = 10

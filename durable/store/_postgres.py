@@ -86,6 +86,7 @@ from ._base import (
     Store,
     operator_data,
     run_filters,
+    schema_behind,
 )
 from ._sql import load_migrations, load_queries
 
@@ -237,7 +238,8 @@ class PostgresStore(Store):
     """A store in a PostgreSQL schema, shared by any number of workers on any hosts."""
 
     def __init__(self, url: str, *, clock: Clock | None = None, pool_size: int = 10,
-                 create: bool = True, max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+                 create: bool = True, upgrade: bool = True,
+                 max_recoveries: int = DEFAULT_MAX_RECOVERIES,
                  statement_timeout: float = STATEMENT_TIMEOUT,
                  pool_timeout: float = POOL_TIMEOUT) -> None:
         url, grouped = _group_commit_option(url)
@@ -255,6 +257,7 @@ class PostgresStore(Store):
         self._server_time = clock is None
         self.pool_size = pool_size
         self._create = create
+        self._upgrade = upgrade
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._listener: psycopg.AsyncConnection[Any] | None = None
         self._listen_lock: anyio.Lock | None = None
@@ -361,7 +364,7 @@ class PostgresStore(Store):
         finally:
             with anyio.CancelScope(shield=True):
                 await conn.close()
-        self._check_newer(version)
+        self._check_upgrade(version)
         return version
 
     def _missing(self) -> StoreUnavailableError:
@@ -369,12 +372,16 @@ class PostgresStore(Store):
             f"no durable schema {self.schema!r} at {self.url}: check ?schema=, or "
             "create it with: durable migrate --db URL")
 
-    def _check_newer(self, version: int) -> None:
+    def _check_upgrade(self, version: int) -> None:
+        """Refuse a schema this open may not move: one newer than this durable's, or one
+        behind it when the store was made with ``upgrade=False``."""
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"the database {self.url} has schema version {version}, newer than this "
                 f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
             )
+        if 0 < version < SCHEMA_VERSION and not self._upgrade:
+            raise schema_behind(self.url, version)
 
     async def _migrate(self) -> None:
         """Create or upgrade the schema in one transaction, under an advisory lock.
@@ -407,7 +414,7 @@ class PostgresStore(Store):
             await conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
             )
-            self._check_newer(version)
+            self._check_upgrade(version)
             if version == 0:
                 self.created = f"schema {self.schema!r} of {self.url}"
             for number, script in load_migrations("postgres"):

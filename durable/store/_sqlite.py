@@ -60,6 +60,7 @@ from ._base import (
     ended_entry,
     operator_data,
     run_filters,
+    schema_behind,
 )
 from ._sql import load_migrations, load_queries
 from ._thread import DbThread, retry_busy
@@ -156,6 +157,7 @@ class SqliteStore(Store):
         synchronous: str = "NORMAL",
         busy_timeout: float = 5.0,
         create: bool = True,
+        upgrade: bool = True,
         max_recoveries: int = DEFAULT_MAX_RECOVERIES,
     ) -> None:
         self.path = path
@@ -167,6 +169,7 @@ class SqliteStore(Store):
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
         self._create = create
+        self._upgrade = upgrade
         self.max_recoveries = max_recoveries
         # seconds an open (and a write) waits for other connections that hold the file
         self._open_wait = max(30.0, busy_timeout)
@@ -244,8 +247,12 @@ class SqliteStore(Store):
         self._db = db
         try:
             # a database already at this schema is opened with a read: read commands (list,
-            # show, the console) never take the write lock; only an upgrade writes
-            if await self._run(self._current_schema, write=False) != SCHEMA_VERSION:
+            # show, the console) never take the write lock; only an upgrade writes, and
+            # those commands (upgrade=False) refuse a schema behind instead
+            version = await self._run(self._current_schema, write=False)
+            if version != SCHEMA_VERSION:
+                if version is not None and not self._upgrade:
+                    self._check_upgrade(version)
                 await self._run(self._migrate)  # decided again under the write lock
             if isinstance(self.clock, BootClock):  # the host's one clock, anchored once a boot
                 if not await self._run(self._adopt_clock, write=False):
@@ -321,13 +328,20 @@ class SqliteStore(Store):
         except StoreUnavailableError:
             return None
 
-    def _migrate(self, conn: sqlite3.Connection) -> int:
-        version = self._read_version(conn)
+    def _check_upgrade(self, version: int) -> None:
+        """Refuse a schema this open may not move: one newer than this durable's, or one
+        behind it when the store was made with ``upgrade=False``."""
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"the database {self.path} has schema version {version}, newer than this "
                 f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
             )
+        if 0 < version < SCHEMA_VERSION and not self._upgrade:
+            raise schema_behind(self.url, version)
+
+    def _migrate(self, conn: sqlite3.Connection) -> int:
+        version = self._read_version(conn)
+        self._check_upgrade(version)
         if version == 0 and self.path != ":memory:":
             self.created = str(Path(self.path).absolute())
         for number, script in load_migrations("sqlite"):

@@ -25,7 +25,7 @@ def _take_option(url: str, name: str) -> tuple[str, str | None]:
 
 
 def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
-                   pool_size: int = 10, max_recoveries: int | None = None,
+                   upgrade: bool = True, pool_size: int = 10, max_recoveries: int | None = None,
                    statement_timeout: float | None = None) -> Store:
     """A (not yet opened) store for ``sqlite:///path.db`` or ``postgresql://...``.
 
@@ -34,6 +34,11 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
     every commit. ``?max_recoveries=N`` (both stores; default
     :data:`DEFAULT_MAX_RECOVERIES`) bounds how often a run is recovered before it ends
     failed. ``statement_timeout`` (seconds, PostgreSQL) bounds every statement.
+
+    ``create=False``: a missing database is an error, not a new one. ``upgrade=False``: a
+    schema older than this durable's is an error naming ``durable migrate``, not upgraded
+    (the operator's read and control commands: they never change a database's schema under
+    the workers that use it).
     """
     if not url:
         raise ConfigError("no database given: pass --db sqlite:///durable.db or set DURABLE_DB")
@@ -74,7 +79,7 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
             raise ConfigError(
                 f"synchronous must be off, normal, full or extra, not {synchronous!r}")
         return SqliteStore(path, clock=clock, synchronous=synchronous, busy_timeout=busy,
-                           create=create, max_recoveries=max_recoveries)
+                           create=create, upgrade=upgrade, max_recoveries=max_recoveries)
     if scheme in ("postgresql", "postgres"):
         try:
             from ._postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
@@ -85,7 +90,8 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
         extra: dict[str, float] = {}
         if statement_timeout is not None:
             extra["statement_timeout"] = statement_timeout
-        store: Store = PostgresStore(url, clock=clock, create=create, pool_size=pool_size,
+        store: Store = PostgresStore(url, clock=clock, create=create, upgrade=upgrade,
+                                     pool_size=pool_size,
                                      max_recoveries=max_recoveries, **extra)
         return store
     parts = urlsplit(url)
