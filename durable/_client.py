@@ -30,7 +30,7 @@ from ._registry import BoundWorkflow, Registry, Workflow, default_registry, posi
 from ._report import RecoveryReport
 from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
-from ._types import JSON, JournalEntry, NewRun, Run, RunState, StepState, dumps
+from ._types import JSON, JournalEntry, NewRun, Run, RunState, SignalSent, StepState, dumps
 from .store import Store, store_from_url
 from .store._base import Cursor
 
@@ -378,6 +378,9 @@ class Client:
 
         ``id`` makes the send idempotent: True if the signal was recorded now, False if a
         signal with that id was already recorded for the run (a double click is one signal).
+        Without one, the client chooses an id (``signal-`` and a random hex), so a send
+        whose answer is lost is sent again and recorded once (``signal_outcome_unknown``;
+        if that one is unanswered too, the error names the id to send it again with).
         ``origin`` (who and where) is journaled with it, as for :meth:`cancel`. The payload
         is journaled when received, like a step's arguments: never put a secret in it.
         Raises :class:`RunNotFoundError` for an unknown run and
@@ -390,10 +393,17 @@ class Client:
         dumps(payload, "a signal's payload")
         by = _origin(origin)
         await self.get(run_id)  # recovers an expired lease first, as every read does
-        sent = await self.store.send_signal(run_id, name, payload, id, by)
+        signal_id = id or f"signal-{uuid.uuid4().hex[:16]}"
+        try:
+            sent = await self.store.send_signal(run_id, name, payload, signal_id, by)
+        except NotSentError:
+            raise  # nothing was sent: nothing was recorded
+        except StoreUnavailableError as exc:
+            sent = await self._signal_again(run_id, name, payload, signal_id, by, exc,
+                                            chosen_here=id is None)
         if sent.state is None:
             raise RunNotFoundError(f"no run with id {run_id!r}")
-        if sent.state.finished:
+        if sent.seq is None and sent.state.finished:
             raise InvalidStateError(
                 f"run {run_id} is already {sent.state.value}; a signal can no longer reach it")
         if sent.seq is not None:
@@ -401,6 +411,32 @@ class Client:
         self.log.info("signal_sent", workflow_id=run_id, signal=name, seq=sent.seq,
                       recorded=sent.seq is not None)
         return sent.seq is not None
+
+    async def _signal_again(self, run_id: str, name: str, payload: JSON, signal_id: str,
+                            by: Mapping[str, JSON] | None, exc: StoreError, *,
+                            chosen_here: bool) -> SignalSent:
+        """A signal that got no answer may have been recorded all the same (its answer
+        lost): a caller who sent it again without an id would record it twice, and a later
+        ``wait_for`` of the run would take the copy. It carries an id, and a send is
+        idempotent by id: it is sent once more. If that one finds the id recorded (the
+        first send's, or one from before with the same name and payload, as idempotence
+        means), the signal counts as recorded now, even if the run took it and ended
+        meanwhile."""
+        self.log.warning("signal_outcome_unknown", workflow_id=run_id, signal=name,
+                         signal_id=signal_id, error=str(exc))
+        try:
+            sent = await self.store.send_signal(run_id, name, payload, signal_id, by)
+            if sent.seq is None and sent.state is not None:
+                for found in await self.store.list_signals(run_id):
+                    if found.signal_id == signal_id and (chosen_here or (
+                            found.name == name and found.payload == payload)):
+                        return SignalSent(sent.state, found.seq)
+        except StoreError as again:
+            raise StoreUnavailableError(
+                f"the signal {name!r} to run {run_id!r} got no answer ({again}): it may have "
+                f"been recorded; look it up (durable show {run_id}), or send it again with "
+                f"id {signal_id!r}, which does nothing if it was") from again
+        return sent
 
     async def replay(self, run_id: str, from_step: int | None = None,
                      in_doubt: InDoubt | None = None, *,

@@ -8,6 +8,7 @@ Dropped pooled connections, a cancel racing a release, statements bounded by
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -444,6 +445,59 @@ async def test_a_start_whose_answer_was_lost_is_sent_again_and_queues_one_run(
     assert [(r.id, r.args, r.state) for r in runs] == [(run.id, [marker], RunState.QUEUED)]
     assert [e.kind for e in await _journal(pg_url, run.id)] == [EntryKind.RUN_CREATED]
     assert [e for _, e in said(caplog, run.id)] == ["start_outcome_unknown", "run_started"]
+
+
+@pytest.mark.parametrize("signal_id", [None, "click-1"])
+async def test_a_signal_whose_answer_was_lost_is_sent_again_and_recorded_once(
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store,
+        signal_id: str | None) -> None:
+    """The answer to a signal is lost after the server committed it. The send carries an id
+    (the caller's, or one the client chose), so it is sent again, finds that id recorded,
+    and says recorded: one signal, which a ``wait_for`` receives once. (Before: the send
+    raised with the signal recorded; a caller who sent it again without an id recorded it
+    twice, and a second ``wait_for`` of the run took the copy.)"""
+    marker = f"a-payload-whose-signal-is-answered-never-{signal_id}"
+    run = await durable.Client(direct).start("t.anything", id="signalled")
+    async with losing_proxy(split_url(pg_url)[0]) as proxy:
+        proxy.lose_answer_to(marker)
+        store = store_from_url(proxy.url(pg_url))
+        await store.open()
+        try:
+            with caplog.at_level(logging.INFO, logger="durable"):
+                recorded = await durable.Client(store).signal(run.id, "go", {"m": marker},
+                                                              id=signal_id)
+            assert proxy.answers_lost == 1
+        finally:
+            await store.aclose()
+    assert recorded is True
+    signals = await direct.list_signals(run.id)
+    assert [(s.name, s.payload) for s in signals] == [("go", {"m": marker})]
+    assert signal_id is None or signals[0].signal_id == signal_id
+    assert [e for _, e in said(caplog, run.id)] == ["signal_outcome_unknown", "signal_sent"]
+
+
+async def test_a_signal_lost_twice_names_the_id_to_send_it_again_with(
+        pg_url: str, direct: Store) -> None:
+    """Both sends lost: the error says it may have been recorded and names the id that the
+    send used, so sending again with it records it at most once."""
+    marker = "a-payload-whose-signal-never-arrives"
+    run = await durable.Client(direct).start("t.anything", id="signalled")
+    async with losing_proxy(split_url(pg_url)[0]) as proxy:
+        proxy.lose_request(marker, times=2)
+        store = store_from_url(proxy.url(pg_url))
+        await store.open()
+        try:
+            with pytest.raises(StoreError, match="may have been recorded") as raised:
+                await durable.Client(store).signal(run.id, "go", {"m": marker})
+        finally:
+            await store.aclose()
+    assert await direct.list_signals(run.id) == []
+    again = re.search(r"send it again with id '([^']+)'", str(raised.value))
+    assert again is not None, raised.value
+    client = durable.Client(direct)
+    assert await client.signal(run.id, "go", {"m": marker}, id=again.group(1)) is True
+    assert await client.signal(run.id, "go", {"m": marker}, id=again.group(1)) is False
+    assert len(await direct.list_signals(run.id)) == 1
 
 
 async def _journal(url: str, run_id: str) -> list[Any]:
