@@ -357,7 +357,13 @@ class Client:
         run = await self.get(run_id)
         if run.state.finished:
             raise InvalidStateError(f"run {run_id} is already {run.state.value}")
-        cancelled = await self.store.request_cancel(run_id, by=_origin(origin))
+        by = _origin(origin)
+        try:
+            cancelled = await self.store.request_cancel(run_id, by=by)
+        except NotSentError:
+            raise  # nothing was sent: nothing was asked
+        except StoreUnavailableError as exc:
+            cancelled = await self._cancel_again(run_id, by, exc)
         if cancelled is None:
             run = await self.get(run_id)
             raise InvalidStateError(f"run {run_id} is {run.state.value}; nothing to cancel")
@@ -368,6 +374,23 @@ class Client:
             signals.cancel(run_id)
         self.log.info("run_cancel_requested", workflow_id=run_id, state=cancelled.state.value)
         return cancelled
+
+    async def _cancel_again(self, run_id: str, by: Mapping[str, JSON] | None,
+                            exc: StoreError) -> Run | None:
+        """A cancel that got no answer may have been recorded all the same. It is read
+        back: a run cancelled, or with its cancel requested, took it (this one, or one sent
+        meanwhile: a cancel asks once); otherwise it is sent once more."""
+        self.log.warning("cancel_outcome_unknown", workflow_id=run_id, error=str(exc))
+        try:
+            run = await self.store.get_run(run_id)
+            if run is not None and (run.state is RunState.CANCELLED or (
+                    run.cancel_requested and not run.state.finished)):
+                return run
+            return await self.store.request_cancel(run_id, by=by)
+        except StoreError as again:
+            raise StoreUnavailableError(
+                f"the cancel of run {run_id!r} got no answer ({again}): it may have been "
+                f"recorded; look it up (durable show {run_id}), or cancel it again") from again
 
     async def signal(self, run_id: str, name: str, payload: JSON = None, *,
                      id: str | None = None,

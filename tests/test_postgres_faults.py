@@ -500,6 +500,35 @@ async def test_a_signal_lost_twice_names_the_id_to_send_it_again_with(
     assert len(await direct.list_signals(run.id)) == 1
 
 
+@pytest.mark.parametrize("lost", ["answer", "request"])
+async def test_a_cancel_that_got_no_answer_is_read_back_then_sent_again(
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store, lost: str) -> None:
+    """A cancel of a queued run gets no answer: its answer lost after the server committed
+    it, or its request lost before the server saw it. The client reads the run back: the
+    first cancelled it (one ``run_cancelled``), or it sends the cancel once more. Either
+    way the cancel returns the run cancelled, with one cancel in its journal. (Before: it
+    raised, and a cancel sent again said the run was already cancelled.)"""
+    marker = f"an-origin-whose-cancel-is-lost-{lost}"
+    run = await durable.Client(direct).start("t.anything", id="cancelled")
+    async with losing_proxy(split_url(pg_url)[0]) as proxy:
+        if lost == "answer":
+            proxy.lose_answer_to(marker)
+        else:
+            proxy.lose_request(marker)
+        store = store_from_url(proxy.url(pg_url))
+        await store.open()
+        try:
+            with caplog.at_level(logging.INFO, logger="durable"):
+                cancelled = await durable.Client(store).cancel(run.id, origin={"via": marker})
+        finally:
+            await store.aclose()
+    assert cancelled.state is RunState.CANCELLED
+    assert [e.kind for e in await direct.journal(run.id)] == [
+        EntryKind.RUN_CREATED, EntryKind.RUN_CANCELLED]
+    assert [e for _, e in said(caplog, run.id)] == ["cancel_outcome_unknown",
+                                                    "run_cancel_requested"]
+
+
 async def _journal(url: str, run_id: str) -> list[Any]:
     store = store_from_url(url)
     await store.open()
