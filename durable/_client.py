@@ -484,13 +484,39 @@ class Client:
                 "replayed")
         if from_step is not None:  # refused before anything is written
             check_step(run_id, await self.store.journal(run_id), from_step, "from_step")
-        queued = await self.store.requeue(run_id, from_step, in_doubt, by=by)
+        try:
+            queued = await self.store.requeue(run_id, from_step, in_doubt, by=by)
+        except NotSentError:
+            raise  # nothing was sent: nothing was queued
+        except StoreUnavailableError as exc:
+            queued = await self._replay_again(run, from_step, in_doubt, by, exc)
         if queued is None:
             raise InvalidStateError(f"run {run_id} changed state meanwhile; look again")
         _wake.hub(self.store).work()
         self.log.info("run_replayed", workflow_id=run_id, from_step=from_step,
                       in_doubt=in_doubt)
         return queued
+
+    async def _replay_again(self, run: Run, from_step: int | None, in_doubt: InDoubt | None,
+                            by: Mapping[str, JSON] | None, exc: StoreError) -> Run | None:
+        """A replay that got no answer may have queued the run all the same. It is read
+        back: a finished run changes only by a replay (its row's ``updated_at`` moves), so
+        a run that moved since it was read was queued again, by this replay or one sent
+        meanwhile, and is returned (sending it again would add an attempt no one asked
+        for, if the run had failed again since); a run as it was read is sent once
+        more."""
+        self.log.warning("replay_outcome_unknown", workflow_id=run.id, error=str(exc))
+        try:
+            now = await self.store.get_run(run.id)
+            if now is not None and (now.state is not run.state
+                                    or now.updated_at != run.updated_at):
+                return now
+            return await self.store.requeue(run.id, from_step, in_doubt, by=by)
+        except StoreError as again:
+            raise StoreUnavailableError(
+                f"the replay of run {run.id!r} got no answer ({again}): it may have been "
+                f"queued; look it up (durable show {run.id}) before replaying it "
+                "again") from again
 
     # -- schedules (durable/_schedules.py; docs/design.md, "Schedules") ------------------------
     async def add_schedule(self, spec: ScheduleSpec) -> Schedule:

@@ -423,6 +423,25 @@ async def test_a_read_that_loses_its_connection_is_sent_again_then_gives_the_run
         assert "store_failed" in [e for _, e in said(caplog, "lost-read")]
 
 
+@asynccontextmanager
+async def client_losing(pg_url: str, marker: str, lost: str = "answer",
+                        times: int = 1) -> AsyncIterator[tuple[durable.Client, LosingProxy]]:
+    """A client whose store reaches the server through a proxy that loses the answer to
+    (``lost="answer"``: after the server committed it), or the request of (``"request"``:
+    before the server saw it), the next statement that carries ``marker``."""
+    async with losing_proxy(split_url(pg_url)[0]) as proxy:
+        if lost == "answer":
+            proxy.lose_answer_to(marker)
+        else:
+            proxy.lose_request(marker, times)
+        store = store_from_url(proxy.url(pg_url))
+        await store.open()
+        try:
+            yield durable.Client(store), proxy
+        finally:
+            await store.aclose()
+
+
 async def test_a_start_whose_answer_was_lost_is_sent_again_and_queues_one_run(
         pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """The answer to a start (the insert of the run) is lost after the server committed
@@ -430,18 +449,11 @@ async def test_a_start_whose_answer_was_lost_is_sent_again_and_queues_one_run(
     again, and returns the run, queued once. (Before: the start raised, with the run
     queued under an id the caller never saw; a caller trying again queued it twice.)"""
     marker = "an-argument-whose-start-is-answered-never"
-    async with losing_proxy(split_url(pg_url)[0]) as proxy:
-        proxy.lose_answer_to(marker)
-        store = store_from_url(proxy.url(pg_url))
-        await store.open()
-        try:
-            client = durable.Client(store)
-            with caplog.at_level(logging.INFO, logger="durable"):
-                run = await client.start("t.anything", marker)
-            assert proxy.answers_lost == 1
-            runs = await store.list_runs(workflow="t.anything")
-        finally:
-            await store.aclose()
+    async with client_losing(pg_url, marker) as (client, proxy):
+        with caplog.at_level(logging.INFO, logger="durable"):
+            run = await client.start("t.anything", marker)
+        assert proxy.answers_lost == 1
+        runs = await client.store.list_runs(workflow="t.anything")
     assert [(r.id, r.args, r.state) for r in runs] == [(run.id, [marker], RunState.QUEUED)]
     assert [e.kind for e in await _journal(pg_url, run.id)] == [EntryKind.RUN_CREATED]
     assert [e for _, e in said(caplog, run.id)] == ["start_outcome_unknown", "run_started"]
@@ -458,17 +470,10 @@ async def test_a_signal_whose_answer_was_lost_is_sent_again_and_recorded_once(
     twice, and a second ``wait_for`` of the run took the copy.)"""
     marker = f"a-payload-whose-signal-is-answered-never-{signal_id}"
     run = await durable.Client(direct).start("t.anything", id="signalled")
-    async with losing_proxy(split_url(pg_url)[0]) as proxy:
-        proxy.lose_answer_to(marker)
-        store = store_from_url(proxy.url(pg_url))
-        await store.open()
-        try:
-            with caplog.at_level(logging.INFO, logger="durable"):
-                recorded = await durable.Client(store).signal(run.id, "go", {"m": marker},
-                                                              id=signal_id)
-            assert proxy.answers_lost == 1
-        finally:
-            await store.aclose()
+    async with client_losing(pg_url, marker) as (client, proxy):
+        with caplog.at_level(logging.INFO, logger="durable"):
+            recorded = await client.signal(run.id, "go", {"m": marker}, id=signal_id)
+        assert proxy.answers_lost == 1
     assert recorded is True
     signals = await direct.list_signals(run.id)
     assert [(s.name, s.payload) for s in signals] == [("go", {"m": marker})]
@@ -482,15 +487,9 @@ async def test_a_signal_lost_twice_names_the_id_to_send_it_again_with(
     send used, so sending again with it records it at most once."""
     marker = "a-payload-whose-signal-never-arrives"
     run = await durable.Client(direct).start("t.anything", id="signalled")
-    async with losing_proxy(split_url(pg_url)[0]) as proxy:
-        proxy.lose_request(marker, times=2)
-        store = store_from_url(proxy.url(pg_url))
-        await store.open()
-        try:
-            with pytest.raises(StoreError, match="may have been recorded") as raised:
-                await durable.Client(store).signal(run.id, "go", {"m": marker})
-        finally:
-            await store.aclose()
+    async with client_losing(pg_url, marker, "request", times=2) as (client, _):
+        with pytest.raises(StoreError, match="may have been recorded") as raised:
+            await client.signal(run.id, "go", {"m": marker})
     assert await direct.list_signals(run.id) == []
     again = re.search(r"send it again with id '([^']+)'", str(raised.value))
     assert again is not None, raised.value
@@ -510,23 +509,35 @@ async def test_a_cancel_that_got_no_answer_is_read_back_then_sent_again(
     raised, and a cancel sent again said the run was already cancelled.)"""
     marker = f"an-origin-whose-cancel-is-lost-{lost}"
     run = await durable.Client(direct).start("t.anything", id="cancelled")
-    async with losing_proxy(split_url(pg_url)[0]) as proxy:
-        if lost == "answer":
-            proxy.lose_answer_to(marker)
-        else:
-            proxy.lose_request(marker)
-        store = store_from_url(proxy.url(pg_url))
-        await store.open()
-        try:
-            with caplog.at_level(logging.INFO, logger="durable"):
-                cancelled = await durable.Client(store).cancel(run.id, origin={"via": marker})
-        finally:
-            await store.aclose()
+    async with client_losing(pg_url, marker, lost) as (client, _):
+        with caplog.at_level(logging.INFO, logger="durable"):
+            cancelled = await client.cancel(run.id, origin={"via": marker})
     assert cancelled.state is RunState.CANCELLED
     assert [e.kind for e in await direct.journal(run.id)] == [
         EntryKind.RUN_CREATED, EntryKind.RUN_CANCELLED]
     assert [e for _, e in said(caplog, run.id)] == ["cancel_outcome_unknown",
                                                     "run_cancel_requested"]
+
+
+@pytest.mark.parametrize("lost", ["answer", "request"])
+async def test_a_replay_that_got_no_answer_is_read_back_then_sent_again(
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store, lost: str) -> None:
+    """A replay of a cancelled run gets no answer (its answer lost after the commit, or its
+    request before the server saw it). The client reads the run back: moved since it was
+    read (queued again), the replay took; still as read, it is sent once more. One
+    ``run_replayed`` either way. (Before: it raised, and a replay sent again said the run
+    was queued and could not be replayed.)"""
+    marker = f"an-origin-whose-replay-is-lost-{lost}"
+    run = await durable.Client(direct).start("t.anything", id="replayed")
+    await durable.Client(direct).cancel(run.id)
+    async with client_losing(pg_url, marker, lost) as (client, _):
+        with caplog.at_level(logging.INFO, logger="durable"):
+            queued = await client.replay(run.id, origin={"via": marker})
+    assert queued.state is RunState.QUEUED
+    assert [e.kind for e in await direct.journal(run.id)] == [
+        EntryKind.RUN_CREATED, EntryKind.RUN_CANCELLED, EntryKind.RUN_REPLAYED]
+    assert [e for _, e in said(caplog, run.id)][-2:] == ["replay_outcome_unknown",
+                                                         "run_replayed"]
 
 
 async def _journal(url: str, run_id: str) -> list[Any]:
