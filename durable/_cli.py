@@ -27,7 +27,7 @@ from ._errors import ConfigError, DurableError
 from ._follow import Follower
 from ._logging import configure_logging, redact
 from ._pool import MIN_HTTP_CONNECTIONS
-from ._registry import default_registry
+from ._registry import default_registry, parameters_text
 from ._report import (
     _isatty,
     clip,
@@ -148,11 +148,23 @@ def _say_created(store: Store) -> None:
         print(f"durable: created a new database at {store.created}", file=sys.stderr)
 
 
+def _check_start(name: str, values: Sequence[Any]) -> None:
+    """The imported workflow ``name`` could take ``values``: else one line naming what it
+    takes, before anything is written."""
+    workflow = default_registry.workflow(name)
+    try:
+        workflow.arguments(tuple(values), {})
+    except TypeError as exc:
+        raise ConfigError(
+            f"cannot start {name}: {str(exc).removeprefix(f'workflow {name}: ')}; it takes "
+            f"{parameters_text(workflow.fn)}") from None
+
+
 # -- commands -------------------------------------------------------------------------------------
 async def _cmd_start(args: argparse.Namespace) -> int:
     import_modules(_imports(args))
     values = [_parse_json_arg(a) for a in args.args]
-    default_registry.workflow(args.workflow)
+    _check_start(args.workflow, values)
     async with Client.connect(args.db) as client:
         _say_created(client.store)
         run = await client.start(args.workflow, *values, id=args.id, key=args.key,
@@ -303,7 +315,7 @@ async def _cmd_schedule_add(args: argparse.Namespace) -> int:
     spec = ScheduleSpec(name=args.name, workflow=args.workflow,
                         args=[_parse_json_arg(a) for a in args.args], cron=args.cron,
                         timezone=args.timezone, key=args.key, catchup=args.catchup)
-    default_registry.workflow(spec.workflow)  # before the database is opened
+    _check_start(spec.workflow, spec.args)  # before the database is opened
     async with Client.connect(args.db) as client:
         _say_created(client.store)
         found = await client.add_schedule(spec)

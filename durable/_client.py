@@ -26,7 +26,7 @@ from ._errors import (
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
 from ._logging import get_logger
-from ._registry import BoundWorkflow, Registry, Workflow, default_registry, positional
+from ._registry import BoundWorkflow, Registry, Workflow, default_registry
 from ._report import RecoveryReport
 from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
@@ -149,7 +149,7 @@ class Client:
             name, args = workflow.workflow.name, workflow.args
         elif isinstance(workflow, Workflow):
             name = workflow.name
-            args = positional(workflow.fn, args, kwargs, f"workflow {name}")
+            args = workflow.arguments(args, kwargs)
         else:
             name = workflow
             if not isinstance(name, str) or not name.strip():

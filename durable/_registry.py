@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 from collections.abc import Awaitable, Callable
@@ -129,6 +130,31 @@ def _workflow_context() -> type[WorkflowContext]:
 
         _WORKFLOW_CONTEXT.append(WorkflowContext)
     return _WORKFLOW_CONTEXT[0]
+
+
+@functools.cache
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+def check_arguments(fn: Callable[..., Any], args: tuple[Any, ...], what: str) -> None:
+    """Raise the TypeError that ``fn(ctx, *args)`` would (``"{what}: missing a required
+    argument: 'name'"``), without calling it: a start's arguments are checked when it is
+    queued, not at its run's first attempt."""
+    try:
+        _signature(fn).bind(None, *args)
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
+
+
+def parameters_text(fn: Callable[..., Any]) -> str:
+    """What ``fn(ctx, ...)`` takes after the context, for a message: ``(slot, dry_run=...)``."""
+    shown = []
+    for param in list(_signature(fn).parameters.values())[1:]:
+        name = (f"*{param.name}" if param.kind is param.VAR_POSITIONAL
+                else f"**{param.name}" if param.kind is param.VAR_KEYWORD else param.name)
+        shown.append(name if param.default is param.empty else f"{name}=...")
+    return f"({', '.join(shown)})"
 
 
 def positional(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -266,7 +292,15 @@ class Workflow(Generic[P, R]):
         ``await client.start(wf.bind(slot), id=..., key=slot)`` checks the arguments of a
         start with options too (next to them, ``client.start(wf, slot, key=...)``'s cannot
         be)."""
-        return BoundWorkflow(self, positional(self.fn, args, kwargs, f"workflow {self.name}"))
+        return BoundWorkflow(self, self.arguments(args, kwargs))
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The arguments of a start, by position, as the journal keeps them; a TypeError if
+        the function could not take them (:func:`check_arguments`)."""
+        what = f"workflow {self.name}"
+        found = positional(self.fn, args, kwargs, what)
+        check_arguments(self.fn, found, what)
+        return found
 
     def __repr__(self) -> str:
         return f"<durable.Workflow {self.name}>"

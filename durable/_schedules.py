@@ -233,6 +233,8 @@ def schedule(
     """
     from ._registry import Workflow, default_registry
 
+    if isinstance(workflow, Workflow):  # arguments it could not take: a TypeError, now
+        workflow.arguments(tuple(args), {})
     spec = ScheduleSpec(name=name, workflow=workflow.name if isinstance(workflow, Workflow)
                         else workflow, args=list(args), cron=cron, timezone=timezone,
                         key=key, catchup=catchup)

@@ -203,3 +203,22 @@ def test_an_unreachable_postgresql_server_is_named_by_host_and_port() -> None:
     assert_one_line_error(result, f"cannot reach PostgreSQL at 127.0.0.1:{port} "
                                   f"(postgresql://nobody:***@127.0.0.1:{port}/x)")
     assert "pw-secret" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "missing a required argument: 'name'"),
+    (('"a"', '"b"'), "too many positional arguments"),
+])
+def test_a_start_with_the_wrong_arguments_is_refused_before_anything_is_written(
+        tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    """The command imports the workflow: arguments that its function could not take are
+    refused at once, in one line naming what it takes, instead of a run queued to fail at
+    its first attempt (a schedule's arguments likewise, before it fires)."""
+    db = tmp_path / "d.db"
+    started = cli("start", "cli.hello", *args, "--import", "tests.cliflows",
+                  db=f"sqlite:///{db}")
+    assert_one_line_error(started, f"cannot start cli.hello: {says}", "it takes (name)")
+    scheduled = cli("schedule", "add", "nightly", "cli.hello", *args, "--cron", "0 3 * * *",
+                    "--import", "tests.cliflows", db=f"sqlite:///{db}")
+    assert_one_line_error(scheduled, f"cannot start cli.hello: {says}", "it takes (name)")
+    assert not db.exists()

@@ -209,6 +209,32 @@ def test_keyword_only_parameters_are_refused() -> None:
         durable._registry.positional(kwonly.fn, (), {"b": 2}, "workflow kwonly")
 
 
+@pytest.mark.anyio
+async def test_a_start_with_arguments_the_workflow_cannot_take_raises_and_writes_nothing(
+        tmp_path: Path) -> None:
+    """``start`` (and ``bind``) with the Workflow object check its arguments as a call
+    would, by position too: a TypeError naming the workflow, and no run queued to fail at
+    its first attempt. By name (no code imported) they cannot be checked."""
+    reg = durable.Registry()
+
+    @durable.workflow("two", registry=reg)
+    async def two(ctx: durable.WorkflowContext, a: int, b: int = 0) -> None: ...
+
+    async with durable.Client.connect(f"sqlite:///{tmp_path / 'd.db'}", registry=reg) as client:
+        with pytest.raises(TypeError, match="workflow two: missing a required argument: 'a'"):
+            await client.start(two)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="workflow two: too many positional arguments"):
+            await client.start(two, 1, 2, 3)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="workflow two: too many positional arguments"):
+            two.bind(1, 2, 3)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="workflow two: missing a required argument"):
+            durable.schedule("nightly", two, cron="0 3 * * *", registry=reg)
+        assert reg.schedules == {}
+        assert await client.list() == []
+        assert (await client.start(two, 1)).args == [1]  # a default need not be given
+        assert (await client.start(two.bind(1, 2), id="bound")).args == [1, 2]
+
+
 ENQUEUE = """
 import sys, anyio, durable
 
