@@ -22,7 +22,7 @@ import anyio.abc
 from anyio.abc import TaskStatus
 
 from ._approval import APPROVE, REJECT, send_decision
-from ._client import Client, InDoubt, check_step, describe_replay
+from ._client import Client, InDoubt, check_step, check_times, describe_replay
 from ._errors import ConfigError, DurableError
 from ._follow import Follower
 from ._logging import configure_logging, redact
@@ -165,6 +165,7 @@ async def _cmd_start(args: argparse.Namespace) -> int:
     import_modules(_imports(args))
     values = [_parse_json_arg(a) for a in args.args]
     _check_start(args.workflow, values)
+    check_times(timeout=args.timeout, delay=args.delay)  # before the database is opened
     async with Client.connect(args.db) as client:
         _say_created(client.store)
         run = await client.start(args.workflow, *values, id=args.id, key=args.key,

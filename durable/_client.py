@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import math
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, ParamSpec, overload
 
@@ -162,20 +163,11 @@ class Client:
         dumps(arg_list, "workflow arguments")
         if id is not None and (not isinstance(id, str) or not id.strip()):
             raise ConfigError("a run id must be a non-empty string")
-        if run_at is not None and delay is not None:
-            raise ConfigError("give run_at or delay, not both")
-        if delay is not None and delay < 0:
-            raise ConfigError("delay must not be negative")
-        if isinstance(run_at, dt.datetime):
-            if run_at.tzinfo is None:
-                raise ConfigError("run_at must be timezone-aware")
-            when: float | None = run_at.timestamp()
-        elif run_at is not None:
-            when = float(run_at)
-        elif delay:  # the store's time (PostgreSQL: the server's), which claims compare with
-            when = await self.store.now() + delay
-        else:  # due at once: the store's time of the insert, taken by the insert itself
-            when = None
+        timeout, delay, when = check_times(timeout=timeout, delay=delay, run_at=run_at)
+        if when is None and delay:  # the store's time (PostgreSQL: the server's), which
+            when = await self.store.now() + delay  # claims compare with
+        # (no run_at and no delay: due at once, the store's time of the insert, taken by
+        # the insert itself)
         run_id = id or f"{name}-{uuid.uuid4().hex[:12]}"
         headers: dict[str, str] | None = None
         if self._chain is not None and self._chain.start:
@@ -570,6 +562,37 @@ async def _first(group: anyio.abc.TaskGroup, wait: Any, *args: Any) -> None:
     """Await ``wait(*args)``, then end the group: the first of several waits wins."""
     await wait(*args)
     group.cancel_scope.cancel()
+
+
+def check_times(*, timeout: Any = None, delay: Any = None,
+                run_at: Any = None) -> tuple[float | None, float | None, float | None]:
+    """A start's ``timeout``, ``delay`` and ``run_at`` (as epoch seconds), checked: the
+    timeout positive seconds, the delay zero or more, the start time a timezone-aware
+    datetime or finite seconds, not both of the last two; else a ConfigError naming the
+    option. (The CLI checks them before it opens the database.)"""
+    if run_at is not None and delay is not None:
+        raise ConfigError("give run_at or delay, not both")
+    if timeout is not None:
+        timeout = _seconds(timeout, "timeout", "positive seconds", lambda t: t > 0)
+    if delay is not None:
+        delay = _seconds(delay, "delay", "0 or more seconds", lambda t: t >= 0)
+    when: float | None = None
+    if isinstance(run_at, dt.datetime):
+        if run_at.tzinfo is None:
+            raise ConfigError("run_at must be timezone-aware")
+        when = run_at.timestamp()
+    elif run_at is not None:
+        when = _seconds(run_at, "run_at", "a datetime or epoch seconds", lambda t: True)
+    return timeout, delay, when
+
+
+def _seconds(value: Any, option: str, what: str, ok: Callable[[float], bool]) -> float:
+    """``value`` as seconds for ``option`` of a start: a finite number (not a bool) that
+    ``ok`` accepts, else a ConfigError (NaN and infinity would be kept, and never come)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or not ok(float(value)):
+        raise ConfigError(f"{option} must be {what}, not {value!r}")
+    return float(value)
 
 
 def _state(state: RunState | str | None) -> RunState | None:

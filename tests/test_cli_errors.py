@@ -222,3 +222,13 @@ def test_a_start_with_the_wrong_arguments_is_refused_before_anything_is_written(
                     "--import", "tests.cliflows", db=f"sqlite:///{db}")
     assert_one_line_error(scheduled, f"cannot start cli.hello: {says}", "it takes (name)")
     assert not db.exists()
+
+
+@pytest.mark.parametrize("option", [["--timeout", "0"], ["--delay", "nan"]])
+def test_a_start_with_a_time_it_cannot_use_is_one_line(tmp_path: Path,
+                                                       option: list[str]) -> None:
+    db = tmp_path / "d.db"
+    started = cli("start", "cli.hello", '"a"', "--import", "tests.cliflows", *option,
+                  db=f"sqlite:///{db}")
+    assert_one_line_error(started, f"{option[0].removeprefix('--')} must be ")
+    assert not db.exists()

@@ -267,3 +267,19 @@ async def test_a_worker_claims_only_workflows_it_knows(client: durable.Client,
         await client.start("known", id="k1")
         assert (await client.wait("k1")).state is RunState.COMPLETED
         assert (await client.get("e1")).state is RunState.QUEUED
+
+
+@pytest.mark.parametrize("options", [
+    {"timeout": 0}, {"timeout": -5}, {"timeout": float("nan")}, {"timeout": float("inf")},
+    {"timeout": True}, {"delay": float("nan")}, {"delay": float("inf")}, {"delay": -1},
+    {"run_at": float("nan")}, {"run_at": float("-inf")},
+])
+async def test_a_start_with_a_time_it_cannot_use_is_refused_and_writes_nothing(
+        client: durable.Client, options: dict[str, object]) -> None:
+    """A run's timeout is positive seconds, a delay zero or more, a start time a finite
+    time: anything else (0 timed the run out at its first await, NaN and infinity were
+    kept and never came) is a ConfigError naming the option, and no run is queued."""
+    name = next(iter(options))
+    with pytest.raises(durable.ConfigError, match=rf"^{name} must be "):
+        await client.start("any.workflow", id="timed", **options)  # type: ignore[arg-type]
+    assert await client.list() == []
