@@ -464,9 +464,7 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
     # statements are short: a small pool serves many attempts (10 was as fast as 35 with 32
     # attempts), and several workers must stay under the server's max_connections
     store = store_from_url(args.db, pool_size=min(args.concurrency + 3, 10))
-    await store.open()
-    try:
-        _say_created(store)
+    try:  # made before the store opens: options it refuses are one line, and no database
         worker = Worker(store, concurrency=args.concurrency, lease=args.lease,
                         grace=args.grace, poll_interval=args.poll, console_url=console_url,
                         http_connections=args.http_connections,
@@ -474,6 +472,15 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
                         prune_older_than=prune_age, prune_interval=prune_every,
                         interceptors=[] if metrics is None else [metrics],
                         durable_wait_threshold=args.wait_threshold)
+    except BaseException:
+        if console_sock is not None:
+            console_sock.close()
+        if metrics_listener is not None:
+            await metrics_listener.aclose()
+        raise
+    await store.open()
+    try:
+        _say_created(store)
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, worker)  # handlers in place before worker_started
             if metrics_listener is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -49,6 +50,16 @@ HANDED_KEPT = 2
 loop looks: only one alone is claimed without a read, so a second is kept only to know
 that, and more are not kept."""
 
+
+
+def _check_seconds(option: str, value: Any, zero: bool) -> None:
+    """A worker's time option: a finite number of seconds, positive (or 0 or more, with
+    ``zero``); else a ConfigError naming it (NaN raised out of anyio at the first wait, an
+    infinite lease never lapsed)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
+        what = "0 or more seconds" if zero else "positive seconds"
+        raise ConfigError(f"{option} must be {what}, not {value!r}")
 
 class Worker:
     """Runs workflows from a store: those of ``registry`` (default: the decorators'
@@ -108,10 +119,17 @@ class Worker:
             raise ConfigError("concurrency must be at least 1")
         if http_connections is not None and http_connections < 1:
             raise ConfigError("http_connections must be at least 1")
-        if lease <= 0 or poll_interval <= 0 or grace < 0:
-            raise ConfigError("lease and poll interval must be positive, grace not negative")
-        if not durable_wait_threshold >= 0:
-            raise ConfigError("durable_wait_threshold must be 0 or more seconds")
+        for option, value, zero in (
+                ("lease", lease, False), ("poll_interval", poll_interval, False),
+                ("grace", grace, True), ("heartbeat_interval", heartbeat_interval, False),
+                ("sweep_interval", sweep_interval, False),
+                ("liveness_interval", liveness_interval, False),
+                ("schedule_interval", schedule_interval, False),
+                ("prune_interval", prune_interval, False),
+                ("prune_older_than", prune_older_than, True),
+                ("durable_wait_threshold", durable_wait_threshold, True)):
+            if value is not None:
+                _check_seconds(option, value, zero)
         self.durable_wait_threshold = durable_wait_threshold
         """Waits (``ctx.sleep``, ``ctx.wait_for``, retry delays) of this many seconds or more
         end the attempt and release the run until it is due (docs/design.md, "Durable
@@ -138,8 +156,6 @@ class Worker:
         self.poll_interval = poll_interval
         # ≤ 1 s: a run whose lease lapsed is recovered within a second of its expiry
         self.sweep_interval = sweep_interval or max(min(lease / 2, 1.0), 0.05)
-        if liveness_interval <= 0:
-            raise ConfigError("liveness_interval must be positive")
         self.liveness_interval = liveness_interval
         self._lock: _liveness.WorkerLock | None = None
         self.grace = grace
@@ -188,8 +204,6 @@ class Worker:
         self.log = get_logger("durable.worker", worker=self.worker_id)
         self.interceptors = tuple(interceptors)
         self._chain = Chain.of(self.interceptors)
-        if schedule_interval <= 0:
-            raise ConfigError("schedule_interval must be positive")
         self.schedule_interval = schedule_interval
         """The longest wait between two looks at the schedules (a schedule added or resumed
         elsewhere is seen within it); the scheduler wakes at the next fire time before."""
@@ -198,10 +212,6 @@ class Worker:
         """Fires the store's schedules (docs/design.md, "Schedules"); None with
         ``schedules=False``."""
         self._schedule_wake = anyio.Event()
-        if prune_older_than is not None and prune_older_than < 0:
-            raise ConfigError("prune_older_than must not be negative")
-        if prune_interval <= 0:
-            raise ConfigError("prune_interval must be positive")
         self.prune_older_than = prune_older_than
         """With an age (seconds), prune finished runs older than it at start and every
         ``prune_interval`` seconds (docs/design.md, "Retention"); None (default): never."""

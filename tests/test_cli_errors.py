@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import durable
+
 from .conftest import subprocess_env
 from .helpers import python_process
 from .test_cli import assert_one_line_error, cli, count_runs
@@ -231,4 +233,30 @@ def test_a_start_with_a_time_it_cannot_use_is_one_line(tmp_path: Path,
     started = cli("start", "cli.hello", '"a"', "--import", "tests.cliflows", *option,
                   db=f"sqlite:///{db}")
     assert_one_line_error(started, f"{option[0].removeprefix('--')} must be ")
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("lease", 0.0), ("lease", float("nan")), ("lease", float("inf")),
+    ("poll_interval", float("nan")), ("poll_interval", -1.0), ("grace", float("nan")),
+    ("grace", -1.0), ("heartbeat_interval", float("nan")), ("sweep_interval", -2.0),
+    ("liveness_interval", 0.0), ("schedule_interval", float("inf")),
+    ("prune_interval", 0.0), ("prune_older_than", float("nan")),
+    ("durable_wait_threshold", float("nan")),
+])
+def test_a_worker_time_it_cannot_use_is_a_config_error_naming_it(
+        tmp_path: Path, option: str, value: float) -> None:
+    """Each of a worker's times must be a finite number in its range: NaN made the first
+    poll raise out of anyio (a traceback), an infinite lease never lapsed."""
+    store = durable.store_from_url(f"sqlite:///{tmp_path / 'unused.db'}")  # never opened
+    with pytest.raises(durable.ConfigError, match=rf"^{option} must be .*, not {value!r}"):
+        durable.Worker(store, **{option: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("option", ["--poll", "--lease", "--grace"])
+def test_a_worker_time_it_cannot_use_is_one_line(tmp_path: Path, option: str) -> None:
+    db = tmp_path / "d.db"
+    result = cli(option, "nan", "--import", "tests.cliflows", db=f"sqlite:///{db}",
+                 module="durable.worker")
+    assert_one_line_error(result, "must be", "not nan")
     assert not db.exists()
