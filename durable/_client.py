@@ -6,7 +6,7 @@ import builtins
 import datetime as dt
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, ParamSpec, overload
 
@@ -31,7 +31,17 @@ from ._registry import BoundWorkflow, Registry, Workflow, default_registry
 from ._report import RecoveryReport
 from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
-from ._types import JSON, JournalEntry, NewRun, Run, RunState, SignalSent, StepState, dumps
+from ._types import (
+    JSON,
+    JournalEntry,
+    NewRun,
+    Run,
+    RunState,
+    SignalSent,
+    StepState,
+    check_seconds,
+    dumps,
+)
 from .store import Store, store_from_url
 from .store._base import Cursor
 
@@ -573,26 +583,20 @@ def check_times(*, timeout: Any = None, delay: Any = None,
     if run_at is not None and delay is not None:
         raise ConfigError("give run_at or delay, not both")
     if timeout is not None:
-        timeout = _seconds(timeout, "timeout", "positive seconds", lambda t: t > 0)
+        timeout = check_seconds(timeout, "timeout")
     if delay is not None:
-        delay = _seconds(delay, "delay", "0 or more seconds", lambda t: t >= 0)
+        delay = check_seconds(delay, "delay", zero=True)
     when: float | None = None
     if isinstance(run_at, dt.datetime):
         if run_at.tzinfo is None:
             raise ConfigError("run_at must be timezone-aware")
         when = run_at.timestamp()
     elif run_at is not None:
-        when = _seconds(run_at, "run_at", "a datetime or epoch seconds", lambda t: True)
+        if (isinstance(run_at, bool) or not isinstance(run_at, (int, float))
+                or not math.isfinite(run_at)):
+            raise ConfigError(f"run_at must be a datetime or epoch seconds, not {run_at!r}")
+        when = float(run_at)
     return timeout, delay, when
-
-
-def _seconds(value: Any, option: str, what: str, ok: Callable[[float], bool]) -> float:
-    """``value`` as seconds for ``option`` of a start: a finite number (not a bool) that
-    ``ok`` accepts, else a ConfigError (NaN and infinity would be kept, and never come)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or not ok(float(value)):
-        raise ConfigError(f"{option} must be {what}, not {value!r}")
-    return float(value)
 
 
 def _state(state: RunState | str | None) -> RunState | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import random
 from collections.abc import Awaitable, Callable
 from typing import (
@@ -22,6 +23,7 @@ import attrs
 import httpx
 
 from ._errors import ConfigError, NonRetryableError, UnknownWorkflowError
+from ._types import check_seconds
 
 if TYPE_CHECKING:
     from ._context import ActivityContext, WorkflowContext
@@ -58,10 +60,13 @@ class RetryPolicy:
     def __attrs_post_init__(self) -> None:
         if self.max_tries < 1:
             raise ConfigError("RetryPolicy.max_tries must be at least 1")
-        if self.initial_delay < 0 or self.max_delay < 0 or self.backoff < 1:
-            raise ConfigError("RetryPolicy delays must be >= 0 and backoff >= 1")
+        check_seconds(self.initial_delay, "RetryPolicy.initial_delay", zero=True)
+        check_seconds(self.max_delay, "RetryPolicy.max_delay", zero=True)
+        if not (math.isfinite(self.backoff) and self.backoff >= 1):
+            raise ConfigError(f"RetryPolicy.backoff must be a finite number >= 1, not "
+                              f"{self.backoff!r}")
         if not 0 <= self.jitter <= 1:
-            raise ConfigError("RetryPolicy.jitter must be between 0 and 1")
+            raise ConfigError(f"RetryPolicy.jitter must be between 0 and 1, not {self.jitter!r}")
 
     def retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, NonRetryableError):
@@ -215,8 +220,8 @@ class Activity(Generic[P, R]):
     ) -> None:
         if on_doubt not in ("retry", "fail"):
             raise ConfigError(f"on_doubt must be 'retry' or 'fail', not {on_doubt!r}")
-        if timeout is not None and timeout <= 0:
-            raise ConfigError("an activity timeout must be positive seconds")
+        if timeout is not None:
+            check_seconds(timeout, "an activity timeout")
         self.fn = fn
         self.name = name
         self.timeout = timeout
@@ -276,8 +281,8 @@ class Workflow(Generic[P, R]):
         name: str,
         timeout: float | None,
     ) -> None:
-        if timeout is not None and timeout <= 0:
-            raise ConfigError("a workflow timeout must be positive seconds")
+        if timeout is not None:
+            check_seconds(timeout, "a workflow timeout")
         self.fn = fn
         self.name = name
         self.timeout = timeout

@@ -5,13 +5,14 @@ from __future__ import annotations
 import enum
 import json
 import json.encoder
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from ._errors import NotJsonError
+from ._errors import ConfigError, NotJsonError
 
 JSON = Any
 """A JSON value: None, bool, int, float, str, list or dict of JSON values."""
@@ -104,6 +105,18 @@ class _Encoders(threading.local):
 
 
 _ENCODERS = _Encoders()
+
+
+def check_seconds(value: Any, what: str, *, zero: bool = False) -> float:
+    """``value`` as seconds: a finite number (not a bool), positive, or 0 or more with
+    ``zero``; else a ConfigError, ``"{what} must be positive seconds, not nan"``. NaN
+    compares false with every bound, so a plain range check lets it through (a deadline or
+    a delay of NaN), and infinity is a time that never comes."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
+        raise ConfigError(
+            f"{what} must be {'0 or more' if zero else 'positive'} seconds, not {value!r}")
+    return float(value)
 
 
 def dumps(value: JSON, what: str = "value") -> str:

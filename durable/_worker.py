@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import uuid
@@ -27,7 +26,7 @@ from ._registry import Registry, Workflow, default_registry
 from ._retention import prune
 from ._schedules import Scheduler
 from ._steps import DEFAULT_WAIT_THRESHOLD
-from ._types import EntryKind, Fence, Finish, JournalWrite, Run, RunState
+from ._types import EntryKind, Fence, Finish, JournalWrite, Run, RunState, check_seconds
 from .store import Store
 
 SPAWN_WAVE = 4
@@ -52,14 +51,6 @@ that, and more are not kept."""
 
 
 
-def _check_seconds(option: str, value: Any, zero: bool) -> None:
-    """A worker's time option: a finite number of seconds, positive (or 0 or more, with
-    ``zero``); else a ConfigError naming it (NaN raised out of anyio at the first wait, an
-    infinite lease never lapsed)."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
-        what = "0 or more seconds" if zero else "positive seconds"
-        raise ConfigError(f"{option} must be {what}, not {value!r}")
 
 class Worker:
     """Runs workflows from a store: those of ``registry`` (default: the decorators'
@@ -129,7 +120,7 @@ class Worker:
                 ("prune_older_than", prune_older_than, True),
                 ("durable_wait_threshold", durable_wait_threshold, True)):
             if value is not None:
-                _check_seconds(option, value, zero)
+                check_seconds(value, option, zero=zero)
         self.durable_wait_threshold = durable_wait_threshold
         """Waits (``ctx.sleep``, ``ctx.wait_for``, retry delays) of this many seconds or more
         end the attempt and release the run until it is due (docs/design.md, "Durable

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import anyio
 import pytest
 
@@ -283,3 +286,27 @@ async def test_a_start_with_a_time_it_cannot_use_is_refused_and_writes_nothing(
     with pytest.raises(durable.ConfigError, match=rf"^{name} must be "):
         await client.start("any.workflow", id="timed", **options)  # type: ignore[arg-type]
     assert await client.list() == []
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (lambda: durable.RetryPolicy(initial_delay=float("nan")), "RetryPolicy.initial_delay"),
+    (lambda: durable.RetryPolicy(max_delay=float("nan")), "RetryPolicy.max_delay"),
+    (lambda: durable.RetryPolicy(backoff=float("nan")), "RetryPolicy.backoff"),
+    (lambda: durable.RetryPolicy(backoff=float("inf")), "RetryPolicy.backoff"),
+    (lambda: durable.RetryPolicy(jitter=float("nan")), "RetryPolicy.jitter"),
+    (lambda: durable.activity(timeout=float("nan"))(_no_op), "an activity timeout"),
+    (lambda: durable.workflow("nan.timeout", timeout=float("nan"))(_no_flow),
+     "a workflow timeout"),
+])
+def test_a_declared_time_that_is_not_a_finite_number_is_refused(make: Any, says: str) -> None:
+    """NaN compares false with every bound, so it passed the range checks: a retry delay
+    of NaN, a deadline of NaN. Each is a ConfigError naming the field."""
+    refused = rf"^{re.escape(says)} must be .*, not (nan|inf)$"
+    with pytest.raises(durable.ConfigError, match=refused):
+        make()
+
+
+async def _no_op(ctx: durable.ActivityContext) -> None: ...
+
+
+async def _no_flow(ctx: durable.WorkflowContext) -> None: ...
