@@ -41,7 +41,7 @@ from ._report import (
 from ._retention import PrunedRun, parse_duration, parse_states, prune
 from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
 from ._shapes import run_json, show_json
-from ._types import Run, RunState
+from ._types import Run, RunState, check_key
 from ._version import __version__
 from ._worker import Worker
 from .store import Store, store_from_url
@@ -166,6 +166,7 @@ async def _cmd_start(args: argparse.Namespace) -> int:
     values = [_parse_json_arg(a) for a in args.args]
     _check_start(args.workflow, values)
     check_times(timeout=args.timeout, delay=args.delay)  # before the database is opened
+    check_key(args.key)
     async with Client.connect(args.db) as client:
         _say_created(client.store)
         run = await client.start(args.workflow, *values, id=args.id, key=args.key,

@@ -39,6 +39,7 @@ from ._types import (
     RunState,
     SignalSent,
     StepState,
+    check_key,
     check_seconds,
     dumps,
 )
@@ -48,6 +49,11 @@ from .store._base import Cursor
 InDoubt = Literal["rerun", "accept"]
 P = ParamSpec("P")
 When = dt.datetime | float | None
+
+
+MAX_LIMIT = 2**62
+"""A list's limit beyond any count of runs: a larger one is taken as this (a database's
+integers are 64 bits; the stores read one row past a page)."""
 
 
 class Client:
@@ -173,6 +179,7 @@ class Client:
         dumps(arg_list, "workflow arguments")
         if id is not None and (not isinstance(id, str) or not id.strip()):
             raise ConfigError("a run id must be a non-empty string")
+        check_key(key)
         timeout, delay, when = check_times(timeout=timeout, delay=delay, run_at=run_at)
         if when is None and delay:  # the store's time (PostgreSQL: the server's), which
             when = await self.store.now() + delay  # claims compare with
@@ -282,6 +289,7 @@ class Client:
         state = _state(state)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigError(f"limit must be a whole number, 0 or more, not {limit!r}")
+        limit = min(limit, MAX_LIMIT)
         start, end = _when(created_from, "created_from"), _when(created_to, "created_to")
         if start is not None and end is not None and start > end:
             raise ConfigError("created_from must not be after created_to")

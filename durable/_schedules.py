@@ -26,7 +26,7 @@ from croniter import CroniterError, croniter
 
 from ._errors import ConfigError
 from ._logging import get_logger
-from ._types import JSON, NewRun, dumps, loads
+from ._types import JSON, NewRun, check_key, dumps, loads
 
 if TYPE_CHECKING:
     from ._registry import Registry, Workflow
@@ -122,6 +122,7 @@ class ScheduleSpec:
             raise ConfigError("a schedule's workflow must be a workflow name")
         if not isinstance(self.args, list):
             raise ConfigError("a schedule's args must be a list of JSON values")
+        check_key(self.key)
         dumps(self.args, "schedule arguments")
 
     def same_definition(self, other: ScheduleSpec) -> bool:

@@ -119,6 +119,15 @@ def check_seconds(value: Any, what: str, *, zero: bool = False) -> float:
     return float(value)
 
 
+def check_key(key: Any) -> str | None:
+    """A concurrency key: None (no key) or a non-empty string. An empty one (``--key
+    "$SLOT"`` with SLOT unset) would make every such run share one key and wait for the
+    others."""
+    if key is not None and (not isinstance(key, str) or not key.strip()):
+        raise ConfigError(f"a concurrency key must be a non-empty string, not {key!r}")
+    return key
+
+
 def dumps(value: JSON, what: str = "value") -> str:
     """Encode a JSON value, or raise NotJsonError naming what was not JSON."""
     encoders = _ENCODERS

@@ -260,3 +260,27 @@ def test_a_worker_time_it_cannot_use_is_one_line(tmp_path: Path, option: str) ->
                  module="durable.worker")
     assert_one_line_error(result, "must be", "not nan")
     assert not db.exists()
+
+
+def test_an_empty_concurrency_key_is_refused(tmp_path: Path) -> None:
+    """``--key "$SLOT"`` with SLOT unset gives ``--key ""``: every such run would share one
+    key and wait for each other. A key is a non-empty string; nothing is written."""
+    db = tmp_path / "d.db"
+    started = cli("start", "cli.hello", '"a"', "--import", "tests.cliflows", "--key", "",
+                  db=f"sqlite:///{db}")
+    assert_one_line_error(started, "a concurrency key must be a non-empty string")
+    scheduled = cli("schedule", "add", "nightly", "cli.hello", '"a"', "--cron", "0 3 * * *",
+                    "--key", " ", "--import", "tests.cliflows", db=f"sqlite:///{db}")
+    assert_one_line_error(scheduled, "a concurrency key must be a non-empty string")
+    assert not db.exists()
+
+
+def test_a_list_limit_beyond_the_database_integers_lists_everything(tmp_path: Path) -> None:
+    """A limit larger than any run count is no limit (it raised an OverflowError out of
+    sqlite3, a traceback)."""
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    assert cli("start", "cli.hello", '"a"', "--import", "tests.cliflows", "--id", "r",
+               db=db).returncode == 0
+    listed = cli("list", "--limit", str(10**20), db=db)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].startswith("r ")
