@@ -329,8 +329,10 @@ class Client:
         only the fallback: the run is read again at least that often, so a lost signal
         delays the answer and never hangs it (docs/design.md, "Nothing waits for a poll").
         """
-        if poll <= 0:
-            raise ConfigError("poll must be positive")
+        check_seconds(poll, "poll")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not timeout > 0:  # infinity waits for as long as it takes
+            raise ConfigError(f"timeout must be positive seconds, not {timeout!r}")
         signals = _wake.hub(self.store)
         began = signals.handed
         signals.waiting(run_id, +1)

@@ -310,3 +310,13 @@ async def _no_op(ctx: durable.ActivityContext) -> None: ...
 
 
 async def _no_flow(ctx: durable.WorkflowContext) -> None: ...
+
+
+@pytest.mark.parametrize("options", [{"timeout": float("nan")}, {"timeout": 0},
+                                     {"poll": float("nan")}, {"poll": 0}])
+async def test_a_wait_with_a_time_it_cannot_use_is_refused(
+        client: durable.Client, options: dict[str, float]) -> None:
+    """NaN raised a ValueError out of anyio; 0 timed out before the first look."""
+    run = await client.start("any.workflow", id="waited")
+    with pytest.raises(durable.ConfigError, match=rf"^{next(iter(options))} must be "):
+        await client.wait(run.id, **options)
