@@ -6,9 +6,9 @@ import builtins
 import datetime as dt
 import math
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal, ParamSpec, overload
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import anyio
 
@@ -48,6 +48,7 @@ from .store._base import Cursor
 
 InDoubt = Literal["rerun", "accept"]
 P = ParamSpec("P")
+T = TypeVar("T")
 When = dt.datetime | float | None
 
 
@@ -536,7 +537,8 @@ class Client:
         definition again returns the schedule; another definition under a name in use is a
         :class:`ConfigError` and writes nothing. As :meth:`start` by name, this needs no
         workflow code (the command line checks the name against ``--import``)."""
-        found, created = await self.store.put_schedule(spec, origin="cli", replace=False)
+        found, created = await self._idempotent(
+            "add", spec.name, lambda: self.store.put_schedule(spec, origin="cli", replace=False))
         if not created and not found.spec.same_definition(spec):
             raise ConfigError(
                 f"a schedule named {spec.name!r} exists with another definition "
@@ -560,7 +562,9 @@ class Client:
     async def pause_schedule(self, name: str, *, paused: bool = True) -> Schedule:
         """Pause a schedule (it starts nothing until resumed), or resume it with
         ``paused=False`` (fires while it was paused are never started)."""
-        found = await self.store.pause_schedule(name, paused)
+        found = await self._idempotent(
+            "pause" if paused else "resume", name,
+            lambda: self.store.pause_schedule(name, paused))
         if found is None:
             raise ConfigError(_no_schedule(name))
         self.log.info("schedule_paused" if paused else "schedule_resumed", schedule=name)
@@ -569,9 +573,33 @@ class Client:
     async def delete_schedule(self, name: str) -> None:
         """Delete a schedule; the runs it started stay. A schedule declared in code is
         written again by the next worker that starts with it."""
-        if not await self.store.delete_schedule(name):
+        lost: list[StoreError] = []
+        deleted = await self._idempotent("delete", name,
+                                         lambda: self.store.delete_schedule(name), lost)
+        if not deleted and not lost:  # after a lost answer, none left means it was deleted
             raise ConfigError(_no_schedule(name))
         self.log.info("schedule_deleted", schedule=name)
+
+    async def _idempotent(self, change: str, name: str, send: Callable[[], Awaitable[T]],
+                          lost: builtins.list[StoreError] | None = None) -> T:
+        """A schedule change (by name: the same change twice is the change once) that got
+        no answer may have committed: it is sent once more (``schedule_outcome_unknown``),
+        and the second answer says how things stand. ``lost`` is told of the first error."""
+        try:
+            return await send()
+        except NotSentError:
+            raise  # nothing was sent: nothing changed
+        except StoreUnavailableError as exc:
+            self.log.warning("schedule_outcome_unknown", schedule=name, change=change,
+                             error=str(exc))
+            if lost is not None:
+                lost.append(exc)
+            try:
+                return await send()
+            except StoreError as again:
+                raise StoreUnavailableError(
+                    f"the {change} of schedule {name!r} got no answer ({again}): it may "
+                    f"have been done; look it up (durable schedule show {name})") from again
 
 
 def _no_schedule(name: str) -> str:

@@ -21,6 +21,7 @@ import durable
 from durable import _claims
 from durable._clock import FakeClock
 from durable._errors import StoreError
+from durable._schedules import ScheduleSpec
 from durable._types import EntryKind, JournalWrite, RunState
 from durable.store import Store, store_from_url
 from tests.helpers import poll, running_worker
@@ -538,6 +539,35 @@ async def test_a_replay_that_got_no_answer_is_read_back_then_sent_again(
         EntryKind.RUN_CREATED, EntryKind.RUN_CANCELLED, EntryKind.RUN_REPLAYED]
     assert [e for _, e in said(caplog, run.id)][-2:] == ["replay_outcome_unknown",
                                                          "run_replayed"]
+
+
+@pytest.mark.parametrize("operation", ["add", "pause", "delete"])
+async def test_a_schedule_change_that_got_no_answer_is_sent_again(
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store, operation: str) -> None:
+    """Adding, pausing or deleting a schedule gets no answer after the server committed
+    it. Each is idempotent by the schedule's name, so the client sends it once more and
+    takes the outcome for done: added (the same definition found), paused, or deleted (no
+    schedule left by that name). (Before: it raised, and a delete sent again said there was
+    no schedule by that name.)"""
+    name = f"nightly-{operation}-answered-never"
+    spec = ScheduleSpec(name=name, workflow="t.anything", args=[], cron="0 3 * * *")
+    if operation != "add":
+        await durable.Client(direct).add_schedule(spec)
+    async with client_losing(pg_url, name) as (client, proxy):
+        with caplog.at_level(logging.INFO, logger="durable"):
+            if operation == "add":
+                await client.add_schedule(spec)
+            elif operation == "pause":
+                assert (await client.pause_schedule(name)).paused
+            else:
+                await client.delete_schedule(name)
+        assert proxy.answers_lost == 1
+    found = await direct.get_schedule(name)
+    assert (found is None) == (operation == "delete")
+    assert operation != "pause" or (found is not None and found.paused)
+    events = [r.event for r in caplog.records  # type: ignore[attr-defined]
+              if getattr(r, "fields", {}).get("schedule") == name]
+    assert events[0] == "schedule_outcome_unknown", events
 
 
 async def _journal(url: str, run_id: str) -> list[Any]:
