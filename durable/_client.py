@@ -193,12 +193,11 @@ class Client:
             tell(self._chain.start, info)
             headers = {str(k): str(v) for k, v in info.headers.items()} or None
         new = NewRun(run_id, name, arg_list, key, when, timeout, headers=headers)
-        try:
-            run, created = await self.store.create_run(new)
-        except NotSentError:
-            raise  # nothing was sent: nothing was queued
-        except StoreUnavailableError as exc:
-            run, created = await self._start_again(new, exc)
+        run, created = await self._answered(
+            lambda: self.store.create_run(new), lambda: self._start_again(new),
+            "start_outcome_unknown", f"the start of run {run_id!r}",
+            f"it may have been queued; look it up (durable show {run_id}), or start it "
+            f"again with id {run_id!r}, which does nothing if it was", workflow_id=run_id)
         if not created and (run.workflow != name or run.args != arg_list or run.key != key):
             raise RunConflictError(
                 f"run id {run_id!r} already belongs to a {run.workflow} run with arguments "
@@ -213,21 +212,34 @@ class Client:
             self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
         return run
 
-    async def _start_again(self, new: NewRun, exc: StoreError) -> tuple[Run, bool]:
-        """A start that got no answer may have queued its run all the same (the insert
-        committed, its answer lost): left there, a caller who tries again without the id
-        (an id of its own, here) would queue the operation twice. The id is known, and a
-        start is idempotent by id: it is sent once more, and tells. ``created`` is then
-        True when either did (the run is as asked, with no attempt yet: a run of that id
-        from before would be taken as this one, as idempotence means)."""
-        self.log.warning("start_outcome_unknown", workflow_id=new.id, error=str(exc))
+    async def _answered(self, send: Callable[[], Awaitable[T]],
+                        again: Callable[[], Awaitable[T]], event: str, what: str,
+                        doubt: str, **fields: Any) -> T:
+        """``send()``, a write; if it gets no answer, ``again()``. A write whose answer was
+        lost may have committed all the same: left there, a caller who tried again would
+        do it twice (a run queued twice, a signal a later ``wait_for`` takes as a second
+        one) or be told it could not (a cancel of a cancelled run). ``again`` reads it
+        back, or sends it once more where it is idempotent (by a run's or a signal's id,
+        by a schedule's name), and says how things stand; the first silence is logged as
+        ``event``. If ``again`` gets no answer either: ``"{what} got no answer (...):
+        {doubt}"``. Nothing is sent again after :class:`NotSentError` (nothing was)."""
         try:
-            run, created = await self.store.create_run(new)
-        except StoreError as again:
-            raise StoreUnavailableError(
-                f"the start of run {new.id!r} got no answer ({again}): it may have been "
-                f"queued; look it up (durable show {new.id}), or start it again with id "
-                f"{new.id!r}, which does nothing if it was") from again
+            return await send()
+        except NotSentError:
+            raise
+        except StoreUnavailableError as exc:
+            self.log.warning(event, error=str(exc), **fields)
+            try:
+                return await again()
+            except StoreError as lost:
+                raise StoreUnavailableError(f"{what} got no answer ({lost}): {doubt}") from lost
+
+    async def _start_again(self, new: NewRun) -> tuple[Run, bool]:
+        """A start is idempotent by id (the client chose one if the caller did not): it
+        is sent once more. ``created`` is True when either send did (the run is as asked,
+        with no attempt yet: a run of that id from before is taken as this one, as
+        idempotence means)."""
+        run, created = await self.store.create_run(new)
         return run, created or (run.workflow == new.workflow and run.args == new.args
                                 and run.key == new.key and run.attempt == 0)
 
@@ -371,12 +383,11 @@ class Client:
         if run.state.finished:
             raise InvalidStateError(f"run {run_id} is already {run.state.value}")
         by = _origin(origin)
-        try:
-            cancelled = await self.store.request_cancel(run_id, by=by)
-        except NotSentError:
-            raise  # nothing was sent: nothing was asked
-        except StoreUnavailableError as exc:
-            cancelled = await self._cancel_again(run_id, by, exc)
+        cancelled = await self._answered(
+            lambda: self.store.request_cancel(run_id, by=by),
+            lambda: self._cancel_again(run_id, by), "cancel_outcome_unknown",
+            f"the cancel of run {run_id!r}", f"it may have been recorded; look it up "
+            f"(durable show {run_id}), or cancel it again", workflow_id=run_id)
         if cancelled is None:
             run = await self.get(run_id)
             raise InvalidStateError(f"run {run_id} is {run.state.value}; nothing to cancel")
@@ -388,22 +399,15 @@ class Client:
         self.log.info("run_cancel_requested", workflow_id=run_id, state=cancelled.state.value)
         return cancelled
 
-    async def _cancel_again(self, run_id: str, by: Mapping[str, JSON] | None,
-                            exc: StoreError) -> Run | None:
-        """A cancel that got no answer may have been recorded all the same. It is read
-        back: a run cancelled, or with its cancel requested, took it (this one, or one sent
-        meanwhile: a cancel asks once); otherwise it is sent once more."""
-        self.log.warning("cancel_outcome_unknown", workflow_id=run_id, error=str(exc))
-        try:
-            run = await self.store.get_run(run_id)
-            if run is not None and (run.state is RunState.CANCELLED or (
-                    run.cancel_requested and not run.state.finished)):
-                return run
-            return await self.store.request_cancel(run_id, by=by)
-        except StoreError as again:
-            raise StoreUnavailableError(
-                f"the cancel of run {run_id!r} got no answer ({again}): it may have been "
-                f"recorded; look it up (durable show {run_id}), or cancel it again") from again
+    async def _cancel_again(self, run_id: str, by: Mapping[str, JSON] | None) -> Run | None:
+        """The run is read back: cancelled, or with its cancel requested, it took the
+        cancel (this one, or one sent meanwhile: a cancel asks once); otherwise the cancel
+        is sent once more."""
+        run = await self.store.get_run(run_id)
+        if run is not None and (run.state is RunState.CANCELLED or (
+                run.cancel_requested and not run.state.finished)):
+            return run
+        return await self.store.request_cancel(run_id, by=by)
 
     async def signal(self, run_id: str, name: str, payload: JSON = None, *,
                      id: str | None = None,
@@ -430,13 +434,14 @@ class Client:
         by = _origin(origin)
         await self.get(run_id)  # recovers an expired lease first, as every read does
         signal_id = id or f"signal-{uuid.uuid4().hex[:16]}"
-        try:
-            sent = await self.store.send_signal(run_id, name, payload, signal_id, by)
-        except NotSentError:
-            raise  # nothing was sent: nothing was recorded
-        except StoreUnavailableError as exc:
-            sent = await self._signal_again(run_id, name, payload, signal_id, by, exc,
-                                            chosen_here=id is None)
+        sent = await self._answered(
+            lambda: self.store.send_signal(run_id, name, payload, signal_id, by),
+            lambda: self._signal_again(run_id, name, payload, signal_id, by,
+                                       chosen_here=id is None),
+            "signal_outcome_unknown", f"the signal {name!r} to run {run_id!r}",
+            f"it may have been recorded; look it up (durable show {run_id}), or send it "
+            f"again with id {signal_id!r}, which does nothing if it was",
+            workflow_id=run_id, signal=name, signal_id=signal_id)
         if sent.state is None:
             raise RunNotFoundError(f"no run with id {run_id!r}")
         if sent.seq is None and sent.state.finished:
@@ -449,29 +454,17 @@ class Client:
         return sent.seq is not None
 
     async def _signal_again(self, run_id: str, name: str, payload: JSON, signal_id: str,
-                            by: Mapping[str, JSON] | None, exc: StoreError, *,
-                            chosen_here: bool) -> SignalSent:
-        """A signal that got no answer may have been recorded all the same (its answer
-        lost): a caller who sent it again without an id would record it twice, and a later
-        ``wait_for`` of the run would take the copy. It carries an id, and a send is
-        idempotent by id: it is sent once more. If that one finds the id recorded (the
-        first send's, or one from before with the same name and payload, as idempotence
-        means), the signal counts as recorded now, even if the run took it and ended
-        meanwhile."""
-        self.log.warning("signal_outcome_unknown", workflow_id=run_id, signal=name,
-                         signal_id=signal_id, error=str(exc))
-        try:
-            sent = await self.store.send_signal(run_id, name, payload, signal_id, by)
-            if sent.seq is None and sent.state is not None:
-                for found in await self.store.list_signals(run_id):
-                    if found.signal_id == signal_id and (chosen_here or (
-                            found.name == name and found.payload == payload)):
-                        return SignalSent(sent.state, found.seq)
-        except StoreError as again:
-            raise StoreUnavailableError(
-                f"the signal {name!r} to run {run_id!r} got no answer ({again}): it may have "
-                f"been recorded; look it up (durable show {run_id}), or send it again with "
-                f"id {signal_id!r}, which does nothing if it was") from again
+                            by: Mapping[str, JSON] | None, *, chosen_here: bool) -> SignalSent:
+        """A send is idempotent by id: it is sent once more. If that one finds the id
+        recorded (the first send's, or one from before with the same name and payload, as
+        idempotence means), the signal counts as recorded now, even if the run took it
+        and ended meanwhile."""
+        sent = await self.store.send_signal(run_id, name, payload, signal_id, by)
+        if sent.seq is None and sent.state is not None:
+            for found in await self.store.list_signals(run_id):
+                if found.signal_id == signal_id and (chosen_here or (
+                        found.name == name and found.payload == payload)):
+                    return SignalSent(sent.state, found.seq)
         return sent
 
     async def replay(self, run_id: str, from_step: int | None = None,
@@ -497,12 +490,12 @@ class Client:
                 "replayed")
         if from_step is not None:  # refused before anything is written
             check_step(run_id, await self.store.journal(run_id), from_step, "from_step")
-        try:
-            queued = await self.store.requeue(run_id, from_step, in_doubt, by=by)
-        except NotSentError:
-            raise  # nothing was sent: nothing was queued
-        except StoreUnavailableError as exc:
-            queued = await self._replay_again(run, from_step, in_doubt, by, exc)
+        queued = await self._answered(
+            lambda: self.store.requeue(run_id, from_step, in_doubt, by=by),
+            lambda: self._replay_again(run, from_step, in_doubt, by),
+            "replay_outcome_unknown", f"the replay of run {run_id!r}",
+            f"it may have been queued; look it up (durable show {run_id}) before replaying "
+            "it again", workflow_id=run_id)
         if queued is None:
             raise InvalidStateError(f"run {run_id} changed state meanwhile; look again")
         _wake.hub(self.store).work()
@@ -511,25 +504,17 @@ class Client:
         return queued
 
     async def _replay_again(self, run: Run, from_step: int | None, in_doubt: InDoubt | None,
-                            by: Mapping[str, JSON] | None, exc: StoreError) -> Run | None:
-        """A replay that got no answer may have queued the run all the same. It is read
-        back: a finished run changes only by a replay (its row's ``updated_at`` moves), so
-        a run that moved since it was read was queued again, by this replay or one sent
-        meanwhile, and is returned (sending it again would add an attempt no one asked
-        for, if the run had failed again since); a run as it was read is sent once
-        more."""
-        self.log.warning("replay_outcome_unknown", workflow_id=run.id, error=str(exc))
-        try:
-            now = await self.store.get_run(run.id)
-            if now is not None and (now.state is not run.state
-                                    or now.updated_at != run.updated_at):
-                return now
-            return await self.store.requeue(run.id, from_step, in_doubt, by=by)
-        except StoreError as again:
-            raise StoreUnavailableError(
-                f"the replay of run {run.id!r} got no answer ({again}): it may have been "
-                f"queued; look it up (durable show {run.id}) before replaying it "
-                "again") from again
+                            by: Mapping[str, JSON] | None) -> Run | None:
+        """The run is read back: a finished run changes only by a replay (its row's
+        ``updated_at`` moves), so one that moved since ``run`` was read was queued again,
+        by this replay or one sent meanwhile, and is returned (sending it again would add
+        an attempt no one asked for, if the run had failed again since); a run as it was
+        read is sent once more."""
+        now = await self.store.get_run(run.id)
+        if now is not None and (now.state is not run.state
+                                or now.updated_at != run.updated_at):
+            return now
+        return await self.store.requeue(run.id, from_step, in_doubt, by=by)
 
     # -- schedules (durable/_schedules.py; docs/design.md, "Schedules") ------------------------
     async def add_schedule(self, spec: ScheduleSpec) -> Schedule:
@@ -562,9 +547,8 @@ class Client:
     async def pause_schedule(self, name: str, *, paused: bool = True) -> Schedule:
         """Pause a schedule (it starts nothing until resumed), or resume it with
         ``paused=False`` (fires while it was paused are never started)."""
-        found = await self._idempotent(
-            "pause" if paused else "resume", name,
-            lambda: self.store.pause_schedule(name, paused))
+        found = await self._idempotent("pause" if paused else "resume", name,
+                                       lambda: self.store.pause_schedule(name, paused))
         if found is None:
             raise ConfigError(_no_schedule(name))
         self.log.info("schedule_paused" if paused else "schedule_resumed", schedule=name)
@@ -573,33 +557,24 @@ class Client:
     async def delete_schedule(self, name: str) -> None:
         """Delete a schedule; the runs it started stay. A schedule declared in code is
         written again by the next worker that starts with it."""
-        lost: list[StoreError] = []
-        deleted = await self._idempotent("delete", name,
-                                         lambda: self.store.delete_schedule(name), lost)
-        if not deleted and not lost:  # after a lost answer, none left means it was deleted
+        async def again() -> bool:  # after a lost answer, none left means it was deleted
+            await self.store.delete_schedule(name)
+            return True
+
+        if not await self._idempotent("delete", name,
+                                      lambda: self.store.delete_schedule(name), again):
             raise ConfigError(_no_schedule(name))
         self.log.info("schedule_deleted", schedule=name)
 
     async def _idempotent(self, change: str, name: str, send: Callable[[], Awaitable[T]],
-                          lost: builtins.list[StoreError] | None = None) -> T:
-        """A schedule change (by name: the same change twice is the change once) that got
-        no answer may have committed: it is sent once more (``schedule_outcome_unknown``),
-        and the second answer says how things stand. ``lost`` is told of the first error."""
-        try:
-            return await send()
-        except NotSentError:
-            raise  # nothing was sent: nothing changed
-        except StoreUnavailableError as exc:
-            self.log.warning("schedule_outcome_unknown", schedule=name, change=change,
-                             error=str(exc))
-            if lost is not None:
-                lost.append(exc)
-            try:
-                return await send()
-            except StoreError as again:
-                raise StoreUnavailableError(
-                    f"the {change} of schedule {name!r} got no answer ({again}): it may "
-                    f"have been done; look it up (durable schedule show {name})") from again
+                          again: Callable[[], Awaitable[T]] | None = None) -> T:
+        """A schedule change is idempotent by the schedule's name (the same change twice
+        is the change once): with no answer, it is sent once more (by ``again``, if the
+        second answer means something else)."""
+        return await self._answered(
+            send, again or send, "schedule_outcome_unknown", f"the {change} of schedule {name!r}",
+            f"it may have been done; look it up (durable schedule show {name})",
+            schedule=name, change=change)
 
 
 def _no_schedule(name: str) -> str:
