@@ -41,16 +41,22 @@ from .._types import (
 )
 
 SCHEMA_VERSION = 10
-
-
-def schema_behind(url: str, version: int) -> SchemaVersionError:
-    """The refusal of a store opened with ``upgrade=False`` on a schema older than this
-    durable's: the operator's commands other than ``start``, ``schedule add``, ``worker``
-    and ``migrate`` never upgrade a database under the workers that use it."""
-    return SchemaVersionError(
-        f"the database {url} has schema version {version}, older than this durable's "
-        f"({SCHEMA_VERSION}); upgrade it with: durable migrate --db {url}")
 """The schema version this version of durable writes and understands."""
+
+
+def check_schema(version: int, where: str, url: str, *, upgrade: bool) -> None:
+    """Refuse a schema an open may not move (both stores): one newer than this durable's,
+    or one behind it when the store was made with ``upgrade=False`` (the operator's
+    commands other than ``start``, ``schedule add``, ``worker`` and ``migrate`` never
+    upgrade a database under the workers that use it). ``where`` names the database."""
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the database {where} has schema version {version}, newer than this durable "
+            f"understands ({SCHEMA_VERSION}); upgrade durable to use it")
+    if 0 < version < SCHEMA_VERSION and not upgrade:
+        raise SchemaVersionError(
+            f"the database {url} has schema version {version}, older than this durable's "
+            f"({SCHEMA_VERSION}); upgrade it with: durable migrate --db {url}")
 
 DEFAULT_MAX_RECOVERIES = 10
 """Recoveries (lease expiries) a run may have; the next one ends it failed.

@@ -53,7 +53,6 @@ from .._clock import Clock, WallClock
 from .._errors import (
     ConfigError,
     NotSentError,
-    SchemaVersionError,
     StaleRecordError,
     StoreError,
     StoreUnavailableError,
@@ -84,9 +83,9 @@ from ._base import (
     SCHEMA_VERSION,
     Cursor,
     Store,
+    check_schema,
     operator_data,
     run_filters,
-    schema_behind,
 )
 from ._sql import load_migrations, load_queries
 
@@ -373,15 +372,7 @@ class PostgresStore(Store):
             "create it with: durable migrate --db URL")
 
     def _check_upgrade(self, version: int) -> None:
-        """Refuse a schema this open may not move: one newer than this durable's, or one
-        behind it when the store was made with ``upgrade=False``."""
-        if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"the database {self.url} has schema version {version}, newer than this "
-                f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
-            )
-        if 0 < version < SCHEMA_VERSION and not self._upgrade:
-            raise schema_behind(self.url, version)
+        check_schema(version, self.url, self.url, upgrade=self._upgrade)
 
     async def _migrate(self) -> None:
         """Create or upgrade the schema in one transaction, under an advisory lock.

@@ -24,7 +24,6 @@ from .._clock import BootClock, Clock, default_sqlite_clock
 from .._errors import (
     NotSentError,
     RunConflictError,
-    SchemaVersionError,
     StaleRecordError,
     StoreError,
     StoreUnavailableError,
@@ -57,10 +56,10 @@ from ._base import (
     SCHEMA_VERSION,
     Cursor,
     Store,
+    check_schema,
     ended_entry,
     operator_data,
     run_filters,
-    schema_behind,
 )
 from ._sql import load_migrations, load_queries
 from ._thread import DbThread, retry_busy
@@ -329,15 +328,7 @@ class SqliteStore(Store):
             return None
 
     def _check_upgrade(self, version: int) -> None:
-        """Refuse a schema this open may not move: one newer than this durable's, or one
-        behind it when the store was made with ``upgrade=False``."""
-        if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"the database {self.path} has schema version {version}, newer than this "
-                f"durable understands ({SCHEMA_VERSION}); upgrade durable to use it"
-            )
-        if 0 < version < SCHEMA_VERSION and not self._upgrade:
-            raise schema_behind(self.url, version)
+        check_schema(version, self.path, self.url, upgrade=self._upgrade)
 
     def _migrate(self, conn: sqlite3.Connection) -> int:
         version = self._read_version(conn)
