@@ -50,8 +50,6 @@ loop looks: only one alone is claimed without a read, so a second is kept only t
 that, and more are not kept."""
 
 
-
-
 class Worker:
     """Runs workflows from a store: those of ``registry`` (default: the decorators'
     :data:`durable.default_registry`) and the ``workflows`` given explicitly, by object.
