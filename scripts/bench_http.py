@@ -16,8 +16,9 @@ and one worker with ``concurrency=N``:
 
 And a third, the floor under both: **no engine**, the worker's transport alone: N
 concurrent ``GET``s by one ``httpx.AsyncClient`` on ``WorkerTransport(N)``, started in the
-worker's waves, timed from their start (where the columns above start at the claim) until
-they have all arrived, with the CPU meanwhile; stopped at the first answer. Where the
+worker's waves, under the worker's GC policy (as the worker's columns are), timed from their
+start (where the columns above start at the claim) until they have all arrived, with the CPU
+meanwhile; stopped at the first answer. Where the
 worker's last request misses 1 s, this says whether httpx alone would have made it on the
 same machine in the same run, and the difference is the engine's (claims, attempts, journal).
 
@@ -245,22 +246,15 @@ async def measure(base: str, runs: int, *, default_transport: bool,
                     cpu.append((time.monotonic(), time.process_time()))
                 await anyio.sleep(CPU_SAMPLE)
 
-        full_gcs: list[float] = []  # when each full collection of the process started
-
-        def on_gc(phase: str, info: dict[str, Any]) -> None:
-            if phase == "start" and info["generation"] == 2 and claimed_at:
-                full_gcs.append(time.monotonic())
-
-        gc.callbacks.append(on_gc)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(sample_cpu)
-            await tg.start(worker.run)
-            with anyio.move_on_after(timeout):
-                await done.wait()
-            cpu.append((time.monotonic(), time.process_time()))
-            worker.shutdown(grace=0)
-            tg.cancel_scope.cancel()
-        gc.callbacks.remove(on_gc)
+        with full_collections(lambda: bool(claimed_at)) as full_gcs:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sample_cpu)
+                await tg.start(worker.run)
+                with anyio.move_on_after(timeout):
+                    await done.wait()
+                cpu.append((time.monotonic(), time.process_time()))
+                worker.shutdown(grace=0)
+                tg.cancel_scope.cancel()
         completed = (await store.count_runs()).get(durable.RunState.COMPLETED, 0)
     finally:
         await store.aclose()
@@ -271,11 +265,30 @@ async def measure(base: str, runs: int, *, default_transport: bool,
         "completed": completed,
         "finished_s": (last_finish - claimed_at[0]) if finished and claimed_at else None,
         "cpu_to_finished_ms": _cpu_ms_until(cpu, last_finish) if finished else None,
-        "full_gcs_to_last": sum(1 for t in full_gcs if figures["last_at"] is not None
-                                and t <= figures["last_at"]),
+        "full_gcs_to_last": _until(full_gcs, figures["last_at"]),
         "pool_waits_logged": WARNINGS["http_pool_wait"],
     })
     return figures
+
+
+@contextlib.contextmanager
+def full_collections(counting: Any) -> Iterator[list[float]]:
+    """When each full garbage collection of this process started, while ``counting()``."""
+    starts: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start" and info["generation"] == 2 and counting():
+            starts.append(time.monotonic())
+
+    gc.callbacks.append(on_gc)
+    try:
+        yield starts
+    finally:
+        gc.callbacks.remove(on_gc)
+
+
+def _until(moments: list[float], last_at: float | None) -> int | None:
+    return None if last_at is None else sum(1 for t in moments if t <= last_at)
 
 
 def _cpu_ms_until(cpu: list[tuple[float, float]], moment: float) -> float | None:
@@ -306,7 +319,8 @@ async def _arrivals(base: str, runs: int, t0: float | None,
     }
 
 
-async def measure_plain(base: str, runs: int, *, timeout: float) -> dict[str, Any]:
+async def measure_plain(base: str, runs: int, *, timeout: float,
+                        gc_policy: bool = True) -> dict[str, Any]:
     """The floor under the worker's figures: the same requests and the same transport (the
     worker's, :class:`durable._pool.WorkerTransport`, ``runs`` connections per host) with
     no engine and no store: ``runs`` concurrent ``GET``s by one ``httpx.AsyncClient``,
@@ -314,7 +328,9 @@ async def measure_plain(base: str, runs: int, *, timeout: float) -> dict[str, An
     their start (where the worker's columns start at the claim). Stopped at the first
     answer (the server answers only once all are in flight, or after ``--hold`` seconds
     without a new one): what is measured is how soon httpx alone has sent them on this
-    machine, and its CPU meanwhile."""
+    machine, and its CPU meanwhile. Under the worker's GC policy when ``gc_policy`` (as
+    the worker's columns are), else CPython's thresholds."""
+    from durable._gc import worker_policy
     from durable._pool import WorkerTransport
     from durable._worker import SPAWN_WAVE
 
@@ -332,20 +348,24 @@ async def measure_plain(base: str, runs: int, *, timeout: float) -> dict[str, An
             cpu.append((time.monotonic(), time.process_time()))
             await anyio.sleep(CPU_SAMPLE)
 
-    async with httpx.AsyncClient(transport=WorkerTransport(runs), timeout=timeout) as client:
-        async with anyio.create_task_group() as tg:
-            t0 = time.monotonic()
-            cpu.append((t0, time.process_time()))
-            tg.start_soon(sample_cpu)
-            for i in range(runs):
-                if i and i % SPAWN_WAVE == 0:
-                    await anyio.lowlevel.checkpoint()
-                tg.start_soon(one, client)
-            with anyio.move_on_after(timeout):
-                await answered.wait()
-            cpu.append((time.monotonic(), time.process_time()))
-            tg.cancel_scope.cancel()
-    return await _arrivals(base, runs, t0, cpu)
+    with worker_policy(gc_policy), full_collections(lambda: True) as full_gcs:
+        async with httpx.AsyncClient(transport=WorkerTransport(runs),
+                                     timeout=timeout) as client:
+            async with anyio.create_task_group() as tg:
+                t0 = time.monotonic()
+                cpu.append((t0, time.process_time()))
+                tg.start_soon(sample_cpu)
+                for i in range(runs):
+                    if i and i % SPAWN_WAVE == 0:
+                        await anyio.lowlevel.checkpoint()
+                    tg.start_soon(one, client)
+                with anyio.move_on_after(timeout):
+                    await answered.wait()
+                cpu.append((time.monotonic(), time.process_time()))
+                tg.cancel_scope.cancel()
+    figures = await _arrivals(base, runs, t0, cpu)
+    figures["full_gcs_to_last"] = _until(full_gcs, figures["last_at"])
+    return figures
 
 
 def targets(row: dict[str, Any]) -> dict[str, bool]:
@@ -437,7 +457,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                              timeout=args.timeout, gc_policy=policy)
         default = await measure(base, args.runs, default_transport=True, workdir=workdir,
                                 timeout=args.timeout, gc_policy=policy)
-        plain = await measure_plain(base, args.runs, timeout=args.timeout)
+        plain = await measure_plain(base, args.runs, timeout=args.timeout, gc_policy=policy)
         repeats = [pool]
         for _ in range(args.repeat - 1):
             repeats.append(await measure(base, args.runs, default_transport=False,
