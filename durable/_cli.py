@@ -390,14 +390,23 @@ async def _cmd_prune(args: argparse.Namespace) -> int:
             print(f"{item.id:<36} {item.workflow:<20} {item.state.value:<10} ended "
                   f"{iso(item.updated_at)}")
 
+    doubts: dict[RunState, int] = {}
+
+    def unanswered(state: RunState, batch: int) -> None:
+        doubts[state] = doubts.get(state, 0) + batch
+
     async with _existing(args) as client:
         cutoff = await client.store.now() - older_than
         total = await prune(client.store, older_than, states, dry_run=args.dry_run,
-                            seen=seen)
+                            seen=seen, unanswered=unanswered)
     detail = ", ".join(f"{state.value} {n}" for state, n in counts.items())
     verb = "would prune" if args.dry_run else "pruned"
+    doubt = ", ".join(f"{state.value} {n}" for state, n in doubts.items())
     print(f"{verb} {total} run{'s' if total != 1 else ''} ({detail}) that ended before "
-          f"{iso(cutoff)}{'; nothing was deleted (dry run)' if args.dry_run else ''}")
+          f"{iso(cutoff)}{'; nothing was deleted (dry run)' if args.dry_run else ''}"
+          + (f"; up to {sum(doubts.values())} more ({doubt}) may have been pruned by a "
+             "batch whose answer was lost: not counted (a pruned run's tombstone says so: "
+             "durable show ID)" if doubts else ""))
     return 0
 
 

@@ -19,7 +19,14 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from ._errors import ConfigError, RunConflictError
+from ._errors import (
+    ConfigError,
+    NotSentError,
+    RunConflictError,
+    StoreError,
+    StoreUnavailableError,
+)
+from ._logging import get_logger
 from ._types import Run, RunState
 
 if TYPE_CHECKING:
@@ -110,11 +117,17 @@ async def prune(
     dry_run: bool = False,
     batch: int = BATCH,
     seen: Callable[[Run | PrunedRun], None] | None = None,
+    unanswered: Callable[[RunState, int], None] | None = None,
 ) -> int:
     """Delete (or, ``dry_run``, only list) the runs in ``states`` that ended more than
     ``older_than`` seconds ago by the store's clock, ``batch`` runs per transaction; return
     how many. ``seen`` is called with each run listed (a :class:`Run`) or pruned (its
-    :class:`PrunedRun`)."""
+    :class:`PrunedRun`).
+
+    A batch whose answer was lost may have committed: it is sent once more (a batch deletes
+    whatever still matches, never a run twice), and ``unanswered(state, batch)`` says that
+    up to ``batch`` runs of that state may have been pruned without being counted (their
+    tombstones say so). A second silence raises :class:`StoreUnavailableError`."""
     if older_than < 0:
         raise ConfigError("the age of the runs to prune must not be negative")
     if batch < 1:
@@ -134,7 +147,7 @@ async def prune(
                     after = (runs[-1].updated_at, runs[-1].id)
                 found = runs
             else:
-                found = await store.prune_runs(state, cutoff, batch)
+                found = await _prune_batch(store, state, cutoff, batch, unanswered)
             total += len(found)
             if seen is not None:
                 for item in found:
@@ -143,3 +156,26 @@ async def prune(
                 break
             await anyio.lowlevel.checkpoint()  # between two batches, other writers get the database
     return total
+
+
+async def _prune_batch(store: Store, state: RunState, cutoff: float, batch: int,
+                       unanswered: Callable[[RunState, int], None] | None
+                       ) -> Sequence[PrunedRun]:
+    try:
+        return await store.prune_runs(state, cutoff, batch)
+    except NotSentError:
+        raise
+    except StoreUnavailableError as exc:
+        _log.warning("prune_outcome_unknown", state=state.value, batch=batch, error=str(exc))
+        if unanswered is not None:
+            unanswered(state, batch)
+        try:
+            return await store.prune_runs(state, cutoff, batch)
+        except StoreError as lost:
+            raise StoreUnavailableError(
+                f"a prune batch of up to {batch} {state.value} runs got no answer ({lost}): "
+                "they may have been pruned (their tombstones say so: durable show ID); "
+                "run it again to prune the rest") from lost
+
+
+_log = get_logger("durable.retention")

@@ -33,6 +33,7 @@ class LosingProxy:
         self._marker: bytes | None = None
         self._unsent = False  # the marked request itself is lost, not its answer
         self._times = 0  # marked requests still to lose (lose_request)
+        self._then: bytes | None = None  # after the marker, the request whose answer is lost
         self.lost = anyio.Event()
         """Set once an answer was withheld, or a request lost (its connection closed)."""
         self.answers_lost = 0
@@ -48,6 +49,11 @@ class LosingProxy:
     def lose_answer_to(self, marker: str) -> None:
         """Withhold the answer to the next request that carries ``marker`` (once)."""
         self._marker, self._unsent = marker.encode(), False
+
+    def lose_answer_to_commit_after(self, marker: str) -> None:
+        """Withhold the answer to the ``COMMIT`` of the next transaction whose statements
+        carry ``marker`` (once): the server committed it, the client never hears so."""
+        self._marker, self._unsent, self._then = marker.encode(), False, b"COMMIT"
 
     def lose_request(self, marker: str, times: int = 1) -> None:
         """Lose the next ``times`` requests that carry ``marker`` (once each, by default
@@ -72,6 +78,9 @@ class LosingProxy:
 
         def lost_up(data: bytes) -> bool:  # a request: lost itself, or its answer next
             if self._marker is None or self._marker not in data:
+                return False
+            if self._then is not None:  # the marked statement goes; its COMMIT is lost
+                self._marker, self._then = self._then, None
                 return False
             if self._unsent:
                 self._times -= 1

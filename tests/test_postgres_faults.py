@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,9 +22,12 @@ import durable
 from durable import _claims
 from durable._clock import FakeClock
 from durable._errors import StoreError
+from durable._retention import prune
 from durable._schedules import ScheduleSpec
 from durable._types import EntryKind, JournalWrite, RunState
 from durable.store import Store, store_from_url
+from durable.store._seed import Seed, seed_finished_runs
+from tests.conftest import subprocess_env
 from tests.helpers import poll, running_worker
 from tests.pg import connect_sync, pg_url, postgres_server, split_url
 from tests.pgproxy import LosingProxy, losing_proxy
@@ -429,10 +433,13 @@ async def client_losing(pg_url: str, marker: str, lost: str = "answer",
                         times: int = 1) -> AsyncIterator[tuple[durable.Client, LosingProxy]]:
     """A client whose store reaches the server through a proxy that loses the answer to
     (``lost="answer"``: after the server committed it), or the request of (``"request"``:
-    before the server saw it), the next statement that carries ``marker``."""
+    before the server saw it), the next statement that carries ``marker``; ``"commit"``:
+    the answer to the COMMIT of the transaction of that statement."""
     async with losing_proxy(split_url(pg_url)[0]) as proxy:
         if lost == "answer":
             proxy.lose_answer_to(marker)
+        elif lost == "commit":
+            proxy.lose_answer_to_commit_after(marker)
         else:
             proxy.lose_request(marker, times)
         store = store_from_url(proxy.url(pg_url))
@@ -568,6 +575,60 @@ async def test_a_schedule_change_that_got_no_answer_is_sent_again(
     events = [r.event for r in caplog.records  # type: ignore[attr-defined]
               if getattr(r, "fields", {}).get("schedule") == name]
     assert events[0] == "schedule_outcome_unknown", events
+
+
+@pytest.mark.parametrize("lost", ["commit", "request"])
+async def test_a_prune_batch_that_got_no_answer_is_sent_again_and_says_what_it_cannot_count(
+        pg_url: str, caplog: pytest.LogCaptureFixture, direct: Store, lost: str) -> None:
+    """A batch of ``durable prune`` gets no answer: after the server committed it (the
+    answer to its COMMIT lost), or before the server saw it. A batch deletes whatever still
+    matches, so it is sent once more: every old run is pruned, each once, with its
+    tombstone. The runs a batch deleted unanswered are not in the count, and the report
+    says so, with up to how many (``unanswered``). (Before: prune raised with the batch
+    perhaps committed, and said nothing of what it had already deleted.)"""
+    now = await direct.now()
+    await seed_finished_runs(direct, [
+        Seed(f"old-{i}", "t.anything", RunState.COMPLETED, now - 40 * 86400 + i)
+        for i in range(5)])
+    doubts: list[tuple[RunState, int]] = []
+    async with client_losing(pg_url, "DELETE FROM durable_runs", lost) as (client, proxy):
+        with caplog.at_level(logging.INFO, logger="durable"):
+            total = await prune(client.store, 30 * 86400, (RunState.COMPLETED,), batch=2,
+                                unanswered=lambda state, n: doubts.append((state, n)))
+        assert (proxy.answers_lost, proxy.requests_lost) == (
+            (1, 0) if lost == "commit" else (0, 1))
+    assert total == (3 if lost == "commit" else 5)  # the unanswered batch's 2 not counted
+    assert doubts == [(RunState.COMPLETED, 2)]
+    assert set((await direct.count_runs()).values()) == {0}
+    tombstones = [await direct.get_pruned(f"old-{i}") for i in range(5)]
+    assert all(t is not None and t.state is RunState.COMPLETED for t in tombstones)
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events.count("prune_outcome_unknown") == 1
+
+
+async def test_durable_prune_says_how_many_a_batch_without_an_answer_may_have_pruned(
+        pg_url: str, direct: Store) -> None:
+    """The command's report when a batch's COMMIT got no answer (the real CLI in a
+    process of its own, through the proxy): the runs it counted, and up to how many more
+    the unanswered batch may have pruned, never a count it cannot vouch for."""
+    now = await direct.now()
+    await seed_finished_runs(direct, [
+        Seed(f"old-{i}", "t.anything", RunState.COMPLETED, now - 40 * 86400 + i)
+        for i in range(3)])
+    async with losing_proxy(split_url(pg_url)[0]) as proxy:
+        proxy.lose_answer_to_commit_after("DELETE FROM durable_runs")
+        done = await anyio.run_process(
+            [sys.executable, "-m", "durable", "prune", "--db", proxy.url(pg_url),
+             "--older-than", "30d", "--state", "completed"],
+            env=subprocess_env(), check=False)
+        assert proxy.answers_lost == 1
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert re.fullmatch(
+        r"pruned 0 runs \(completed 0\) that ended before \S+; up to 500 more \(completed "
+        r"500\) may have been pruned by a batch whose answer was lost: not counted \(a "
+        r"pruned run's tombstone says so: durable show ID\)\n", out), out
+    assert set((await direct.count_runs()).values()) == {0}
 
 
 async def _journal(url: str, run_id: str) -> list[Any]:
