@@ -349,6 +349,7 @@ async def measure_plain(base: str, runs: int, *, timeout: float,
             await anyio.sleep(CPU_SAMPLE)
 
     with worker_policy(gc_policy), full_collections(lambda: True) as full_gcs:
+        young = gc.get_threshold()[0]  # the collector's first threshold meanwhile
         async with httpx.AsyncClient(transport=WorkerTransport(runs),
                                      timeout=timeout) as client:
             async with anyio.create_task_group() as tg:
@@ -365,6 +366,7 @@ async def measure_plain(base: str, runs: int, *, timeout: float,
                 tg.cancel_scope.cancel()
     figures = await _arrivals(base, runs, t0, cpu)
     figures["full_gcs_to_last"] = _until(full_gcs, figures["last_at"])
+    figures["gc_young_threshold"] = young
     return figures
 
 

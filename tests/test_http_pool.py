@@ -17,6 +17,7 @@ import pytest
 
 import durable
 from durable import _worker
+from durable._gc import YOUNG_EVERY
 from durable._pool import SHARD_SIZE, WorkerTransport
 from durable._worker import Worker
 
@@ -104,6 +105,7 @@ def test_the_http_benchmark_runs_and_prints_its_three_columns(tmp_path: Path) ->
     assert (floor["requests"], floor["peak_in_flight"]) == (20, 20)
     assert floor["last_ms"] >= floor["first_ms"] > 0 and floor["cpu_to_last_ms"] > 0
     assert "completed" not in floor
+    assert floor["gc_young_threshold"] >= YOUNG_EVERY  # under the worker's GC policy
     assert isinstance(report["targets_met"], bool)
     assert set(report["targets"]) == {"all_in_flight", "first_within_100_ms",
                                       "last_within_1_s"}
