@@ -17,18 +17,16 @@ from ._clock import Clock
 from ._errors import (
     ConfigError,
     InvalidStateError,
-    NotSentError,
     RunConflictError,
     RunNotFoundError,
     RunPrunedError,
-    StoreError,
-    StoreUnavailableError,
 )
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
 from ._logging import get_logger
 from ._registry import BoundWorkflow, Registry, Workflow, default_registry
 from ._report import RecoveryReport
+from ._resend import answered
 from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
 from ._types import (
@@ -215,24 +213,8 @@ class Client:
     async def _answered(self, send: Callable[[], Awaitable[T]],
                         again: Callable[[], Awaitable[T]], event: str, what: str,
                         doubt: str, **fields: Any) -> T:
-        """``send()``, a write; if it gets no answer, ``again()``. A write whose answer was
-        lost may have committed all the same: left there, a caller who tried again would
-        do it twice (a run queued twice, a signal a later ``wait_for`` takes as a second
-        one) or be told it could not (a cancel of a cancelled run). ``again`` reads it
-        back, or sends it once more where it is idempotent (by a run's or a signal's id,
-        by a schedule's name), and says how things stand; the first silence is logged as
-        ``event``. If ``again`` gets no answer either: ``"{what} got no answer (...):
-        {doubt}"``. Nothing is sent again after :class:`NotSentError` (nothing was)."""
-        try:
-            return await send()
-        except NotSentError:
-            raise
-        except StoreUnavailableError as exc:
-            self.log.warning(event, error=str(exc), **fields)
-            try:
-                return await again()
-            except StoreError as lost:
-                raise StoreUnavailableError(f"{what} got no answer ({lost}): {doubt}") from lost
+        """``send()``, a write; if it gets no answer, ``again()`` (:func:`answered`)."""
+        return await answered(send, again, self.log, event, what, doubt, **fields)
 
     async def _start_again(self, new: NewRun) -> tuple[Run, bool]:
         """A start is idempotent by id (the client chose one if the caller did not): it

@@ -19,14 +19,9 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from ._errors import (
-    ConfigError,
-    NotSentError,
-    RunConflictError,
-    StoreError,
-    StoreUnavailableError,
-)
+from ._errors import ConfigError, RunConflictError
 from ._logging import get_logger
+from ._resend import answered
 from ._types import Run, RunState
 
 if TYPE_CHECKING:
@@ -161,21 +156,16 @@ async def prune(
 async def _prune_batch(store: Store, state: RunState, cutoff: float, batch: int,
                        unanswered: Callable[[RunState, int], None] | None
                        ) -> Sequence[PrunedRun]:
-    try:
-        return await store.prune_runs(state, cutoff, batch)
-    except NotSentError:
-        raise
-    except StoreUnavailableError as exc:
-        _log.warning("prune_outcome_unknown", state=state.value, batch=batch, error=str(exc))
+    async def again() -> Sequence[PrunedRun]:
         if unanswered is not None:
             unanswered(state, batch)
-        try:
-            return await store.prune_runs(state, cutoff, batch)
-        except StoreError as lost:
-            raise StoreUnavailableError(
-                f"a prune batch of up to {batch} {state.value} runs got no answer ({lost}): "
-                "they may have been pruned (their tombstones say so: durable show ID); "
-                "run it again to prune the rest") from lost
+        return await store.prune_runs(state, cutoff, batch)
+
+    return await answered(
+        lambda: store.prune_runs(state, cutoff, batch), again, _log, "prune_outcome_unknown",
+        f"a prune batch of up to {batch} {state.value} runs",
+        "they may have been pruned (their tombstones say so: durable show ID); run it "
+        "again to prune the rest", state=state.value, batch=batch)
 
 
 _log = get_logger("durable.retention")
