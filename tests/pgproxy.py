@@ -48,7 +48,7 @@ class LosingProxy:
 
     def lose_answer_to(self, marker: str) -> None:
         """Withhold the answer to the next request that carries ``marker`` (once)."""
-        self._marker, self._unsent = marker.encode(), False
+        self._marker, self._unsent, self._then = marker.encode(), False, None
 
     def lose_answer_to_commit_after(self, marker: str) -> None:
         """Withhold the answer to the ``COMMIT`` of the next transaction whose statements
@@ -60,6 +60,7 @@ class LosingProxy:
         one): the server never sees them, and the client's connection is closed once it has
         sent each."""
         self._marker, self._unsent, self._times = marker.encode(), True, times
+        self._then = None
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
