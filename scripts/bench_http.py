@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -272,7 +272,7 @@ async def measure(base: str, runs: int, *, default_transport: bool,
 
 
 @contextlib.contextmanager
-def full_collections(counting: Any) -> Iterator[list[float]]:
+def full_collections(counting: Callable[[], bool]) -> Iterator[list[float]]:
     """When each full garbage collection of this process started, while ``counting()``."""
     starts: list[float] = []
 
