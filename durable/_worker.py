@@ -27,7 +27,7 @@ from ._retention import prune
 from ._schedules import Scheduler
 from ._steps import DEFAULT_WAIT_THRESHOLD
 from ._types import EntryKind, Fence, Finish, JournalWrite, Run, RunState, check_seconds
-from .store import Store
+from .store import Cursor, Store
 
 SPAWN_WAVE = 4
 """Attempts started from one claim before the claim loop yields: the first ones reach
@@ -43,6 +43,10 @@ BUSY_LOOK_GAP = 0.01
 """Seconds between two looks of a worker holding runs after change signals (a claim and a
 read of the held runs' cancel flags): its own commits are changes too (SQLite)."""
 
+
+READ_BACK_PAGE = 1000
+"""Running runs read per page when a claim got no answer (:meth:`Worker._give_back_unheld`):
+every page is read, since other workers' running runs are on them too."""
 
 HANDED_KEPT = 2
 """Runs handed over by starts in this process (:meth:`Worker.wake`) kept until the claim
@@ -390,14 +394,20 @@ class Worker:
         released = []
         with anyio.move_on_after(WRITE_TIMEOUT, shield=True):
             try:
-                running = await self.store.list_runs(state=RunState.RUNNING, limit=1000)
-                for run in running:
-                    if run.worker != self.worker_id or run.id in held:
-                        continue
-                    if await self.store.release(Fence(run.id, run.epoch), [JournalWrite(
-                            EntryKind.RUN_INTERRUPTED,
-                            data={"reason": "its claim got no answer"})]):
-                        released.append(run.id)
+                before: Cursor | None = None
+                while True:  # every running run, page by page: other workers' too
+                    page = await self.store.list_runs(
+                        state=RunState.RUNNING, limit=READ_BACK_PAGE, before=before)
+                    for run in page:
+                        if run.worker != self.worker_id or run.id in held:
+                            continue
+                        if await self.store.release(Fence(run.id, run.epoch), [JournalWrite(
+                                EntryKind.RUN_INTERRUPTED,
+                                data={"reason": "its claim got no answer"})]):
+                            released.append(run.id)
+                    if len(page) < READ_BACK_PAGE:
+                        break
+                    before = (page[-1].created_at, page[-1].id)
             except StoreError as exc:
                 self.log.warning("claim_read_back_failed", error=str(exc))
         if released:

@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 import durable
-from durable import _claims
+from durable import _claims, _worker
 from durable._clock import FakeClock
 from durable._errors import StoreError
 from durable._retention import prune
@@ -649,21 +649,48 @@ async def test_runs_of_a_claim_whose_answer_was_lost_are_given_back_at_once(
     registry, workflow = steps_registry()
     client = durable.Client(direct, registry=registry)
     await client.start(workflow, 2, id="claimed-unknowingly")
+    with caplog.at_level(logging.INFO, logger="durable"):
+        await _claim_answered_never_then_run(pg_url, client, registry, direct)
+    assert "claim_given_back" in [getattr(r, "event", None) for r in caplog.records]
+
+
+async def _claim_answered_never_then_run(pg_url: str, client: durable.Client,
+                                         registry: durable.Registry, direct: Store) -> None:
+    """A worker with free slots whose first claim's answer is lost runs the queued run
+    ``claimed-unknowingly`` (two steps) within 15 s, well inside its 30 s lease: by its
+    second attempt, the first having been given back unheld."""
     me = "worker-whose-claim-is-answered-never"
     async with losing_proxy(split_url(pg_url)[0]) as proxy:
         proxy.lose_answer_to(me)  # its first statement naming it: the claim
         store = store_from_url(proxy.url(pg_url))
         await store.open()
         try:
-            with caplog.at_level(logging.INFO, logger="durable"):
-                async with running_worker(durable.Client(store, registry=registry),
-                                          registry, concurrency=4, lease=30.0,
-                                          worker_id=me):
-                    run = await client.wait("claimed-unknowingly", timeout=15)
+            async with running_worker(durable.Client(store, registry=registry),
+                                      registry, concurrency=4, lease=30.0, worker_id=me):
+                run = await client.wait("claimed-unknowingly", timeout=15)
         finally:
             await store.aclose()
         assert proxy.answers_lost == 1
     assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, 1, 2)
     kinds = [e.kind.value for e in await direct.journal("claimed-unknowingly")]
     assert kinds[:4] == ["run_created", "run_claimed", "run_interrupted", "run_claimed"]
-    assert "claim_given_back" in [getattr(r, "event", None) for r in caplog.records]
+
+
+async def test_runs_of_a_claim_whose_answer_was_lost_are_found_past_a_page_of_others(
+        pg_url: str, direct: Store) -> None:
+    """As above, with more than a page of newer runs running under another worker: the
+    read-back pages through every running run, so the run the lost claim took, the oldest
+    of them, is given back at once, not left to its lease (30 s here)."""
+    registry, workflow = steps_registry()
+    client = durable.Client(direct, registry=registry)
+    await client.start(workflow, 2, id="claimed-unknowingly")
+    others = _worker.READ_BACK_PAGE + 1
+    async with anyio.create_task_group() as tg:
+        for lane in range(8):
+            async def start_others(lane: int = lane) -> None:
+                for i in range(lane, others, 8):
+                    await client.start("t.other", id=f"other-{i:04}")
+            tg.start_soon(start_others)
+    taken = await direct.claim("another-worker", 60.0, others, workflows=["t.other"])
+    assert len(taken) == others
+    await _claim_answered_never_then_run(pg_url, client, registry, direct)
