@@ -120,6 +120,9 @@ def _append_fenced(conn: sqlite3.Connection, n: int, params: Sequence[Any]) -> N
             raise _Fenced
 
 
+LOW_SPACE = 1 << 20
+"""Free bytes below which an I/O or disk-full error of SQLite says how few are left."""
+
 PROBE_CAP = 512
 """Below this many ids in an id prefix's range, the range leads the list (its rows are read
 and sorted); from it on, the list's order does (docs/list-queries.md, *An id prefix*). The
@@ -191,7 +194,7 @@ class SqliteStore(Store):
             )
         except sqlite3.DatabaseError as exc:
             raise StoreUnavailableError(
-                f"cannot open SQLite database {self.path}: {exc}"
+                f"cannot open SQLite database {self.path}: {self._space(exc)}"
             ) from exc
         try:
             conn.row_factory = sqlite3.Row
@@ -205,7 +208,7 @@ class SqliteStore(Store):
             conn.close()
             if isinstance(exc, sqlite3.DatabaseError):
                 raise StoreUnavailableError(
-                    f"cannot open SQLite database {self.path}: {exc}"
+                    f"cannot open SQLite database {self.path}: {self._space(exc)}"
                 ) from exc
             raise
         return conn
@@ -242,7 +245,8 @@ class SqliteStore(Store):
         except StoreUnavailableError:
             raise
         except OSError as exc:
-            raise StoreUnavailableError(f"cannot open SQLite database {self.path}: {exc}") from exc
+            raise StoreUnavailableError(
+                f"cannot open SQLite database {self.path}: {self._space(exc)}") from exc
         self._db = db
         try:
             # a database already at this schema is opened with a read: read commands (list,
@@ -366,7 +370,24 @@ class SqliteStore(Store):
                 raise StoreUnavailableError(
                     f"{self.path} is not a readable SQLite database: {message}"
                 ) from exc
-            raise StoreError(f"SQLite database {self.path}: {message}") from exc
+            raise StoreError(f"SQLite database {self.path}: {self._space(exc)}") from exc
+
+    def _space(self, exc: BaseException) -> str:
+        """SQLite's error, and the free space left when it may be short of it: on a full
+        disk SQLite says "database or disk is full" writing, but "disk I/O error" opening
+        (WAL mode creates its shared-memory file at the first open, read commands too)."""
+        message = str(exc)
+        if self.path == ":memory:" or not any(
+                word in message for word in ("I/O error", "full", "No space")):
+            return message
+        try:
+            st = os.statvfs(Path(self.path).absolute().parent)
+        except OSError:
+            return message
+        free = st.f_bavail * st.f_frsize
+        if free >= LOW_SPACE:
+            return message
+        return f"{message} (the file system holding it has {free:,} bytes free)"
 
     # -- change signals (durable/_wake.py) ----------------------------------------------------
     pushes_changes = True
