@@ -2,6 +2,7 @@
 
     python scripts/torture.py [--seed N] [--budget 60] [--workers 3] [--runs 12]
                               [--backend sqlite|postgres] [--lease 2] [--report FILE]
+                              [--disk-full]
 
 Starts the fake services on loopback (``scripts/_fakes``), seeds slots, and runs
 ``--workers`` worker processes (``python -m durable.worker --import workflows``) on one
@@ -10,7 +11,9 @@ database while a scheduler, driven by one seeded random generator, starts ``--ru
 SIGKILLs workers and starts new ones, SIGSTOPs one past its lease and SIGCONTs it, sends
 SIGTERM (graceful shutdown), injects service faults (5xx, dropped connections before or after
 the service did the work, hangs), and races operator cancels (also right after a SIGTERM of
-the worker holding the run) and replays. After the chaos phase (60 % of ``--budget``), the
+the worker holding the run) and replays; with ``--disk-full`` (SQLite; root, to mount
+it) the database lives on a tmpfs of its own, which the scheduler fills to the last byte
+for a while now and then. After the chaos phase (60 % of ``--budget``), the
 faults are cleared and the surviving workers finish what they can until the budget ends;
 then every worker is shut down with SIGTERM and the script checks, from the services'
 ledger and the journal:
@@ -51,7 +54,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -62,6 +65,7 @@ import durable  # noqa: E402
 import workflows  # noqa: E402,F401  (registers the operations: each activity's on_doubt)
 from durable.store import store_from_url  # noqa: E402
 from tests.pgproxy import LosingProxy, losing_proxy  # noqa: E402
+from tests.tmpfs import FILLER, fill, tmpfs  # noqa: E402
 from workflows.records import Slot, seed_slot  # noqa: E402
 
 try:
@@ -88,6 +92,11 @@ FAULT_PATHS = [  # (method, glob) of the requests the workflows send
 ]
 ACTIONS = {"kill": 1, "term": 1, "freeze": 1, "fault": 3, "cancel": 1, "term_cancel": 1,
            "replay": 1, "start": 2, "pg_terminate": 1, "pg_lose": 2}
+
+
+FROZEN_SLACK = 0.5
+"""Seconds a freeze must outlast the lease for the frozen worker's runs to count as lost
+(the lease runs from the last renewal before the freeze: at most the lease)."""
 
 
 @dataclass
@@ -120,6 +129,10 @@ class Torture:
     stuck: dict[str, float] = field(default_factory=dict)
     proxy: LosingProxy | None = None
     """PostgreSQL: the workers reach the server through it (``pg_lose``)."""
+    disk: Path | None = None
+    """``--disk-full``: the tmpfs that holds the SQLite database, filled now and then."""
+    full_until: float | None = None
+    """While the disk is full: when the filler goes (monotonic)."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -268,6 +281,10 @@ class Torture:
                 self.proxy.lose_answer_to(run_id)
             else:
                 self.proxy.lose_request(run_id)
+        elif action == "disk_full" and self.disk is not None and self.full_until is None:
+            fill(self.disk)
+            self.full_until = time.monotonic() + self.rng.uniform(0.5, 2.5) * self.lease
+            self.counts["disk full"] += 1
         elif action == "replay":
             done = [r for r in await client.list(limit=1000)
                     if r.state in (durable.RunState.FAILED, durable.RunState.CANCELLED)]
@@ -276,6 +293,8 @@ class Torture:
                 try:
                     await client.replay(run.id)
                     self.counts["replays"] += 1
+                except durable.StoreError:
+                    raise  # not a refusal: the database did not answer (a full disk)
                 except durable.DurableError:
                     self.counts["replays refused"] += 1
 
@@ -317,6 +336,8 @@ class Torture:
         try:
             await client.cancel(run.id)
             self.counts["cancels"] += 1
+        except durable.StoreError:
+            raise  # not a refusal: the database did not answer (a full disk)
         except durable.DurableError:
             self.counts["cancels refused (already finished)"] += 1
 
@@ -328,6 +349,8 @@ class Torture:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(f.pid, signal.SIGCONT)
                 f.continued_at = time.time()
+        if self.full_until is not None and time.monotonic() >= self.full_until:
+            self.free_disk()
         due = [t for t in self.hang_release_at if t <= time.monotonic()]
         if due:
             self.services.release()
@@ -338,6 +361,7 @@ class Torture:
         self.services.clear_faults()
         self.services.release()
         self.hang_release_at.clear()
+        self.free_disk()
         for f in self.freezes:
             if f.continued_at is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -346,6 +370,11 @@ class Torture:
         self.live = [p for p in self.live if p.poll() is None]
         while len(self.live) < self.workers:
             self.start_worker()
+
+    def free_disk(self) -> None:
+        if self.disk is not None:
+            (self.disk / FILLER).unlink(missing_ok=True)
+        self.full_until = None
 
     async def watch_stuck(self, store: Any) -> None:
         """Note runs running past their lease (plus a sweep's slack) while workers are alive."""
@@ -373,10 +402,17 @@ class Torture:
                 await self.start_next(client)
             await store.open()
             try:
+                actions = dict(ACTIONS, disk_full=1) if self.disk is not None else ACTIONS
                 while time.monotonic() < chaos_end:
                     self.tend()
-                    action = self.rng.choices(list(ACTIONS), list(ACTIONS.values()))[0]
-                    await self.act(client, action)
+                    action = self.rng.choices(list(actions), list(actions.values()))[0]
+                    try:
+                        await self.act(client, action)
+                    except durable.StoreError:
+                        if self.full_until is None:
+                            raise
+                        # this script's own write (a start, cancel, replay) on the full disk
+                        self.counts["scheduler writes refused by the full disk"] += 1
                     await anyio.sleep(self.rng.uniform(0.2, 0.6))
                 self.calm()
                 while len(self.started) < len(self.plan):
@@ -411,6 +447,10 @@ class Torture:
         if self.proxy is not None:
             self.counts["PostgreSQL answers lost"] = self.proxy.answers_lost
             self.counts["PostgreSQL statements lost"] = self.proxy.requests_lost
+        if self.disk is not None:  # that the full disk reached the workers' writes
+            self.counts["worker errors on the full disk"] = sum(
+                log.read_text(errors="replace").count("disk is full")
+                for log in self.tmp.glob("worker-*.log"))
         runs = {r.id: r for r in await store.list_runs(limit=10_000)}
         journals = {run_id: await store.journal(run_id) for run_id in runs}
         ledger = self.services.ledger()
@@ -428,6 +468,9 @@ class Torture:
         ]
         return {"seed": self.seed, "backend": self.backend, "budget": self.budget,
                 "workers": self.workers, "runs": len(self.plan), "lease": self.lease,
+                "disk_full": self.disk is not None,
+                "freezes": [{"pid": f.pid, "stopped_at": f.stopped_at,
+                             "continued_at": f.continued_at} for f in self.freezes],
                 "states": dict(Counter(r.state.value for r in runs.values())),
                 "errors": {r.id: (r.error or "")[:160] for r in runs.values()
                            if r.state is durable.RunState.FAILED},
@@ -556,9 +599,14 @@ def check_overlap(ledger: list[dict[str, Any]]) -> Check:
 
 def check_frozen(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
                  freezes: list[Freeze], lease: float) -> Check:
-    bad, attempts = [], 0
+    bad, attempts, short = [], 0, 0
     for f in freezes:
         if f.continued_at is None:
+            continue
+        if f.continued_at - f.stopped_at < lease + FROZEN_SLACK:
+            # continued early by the end of the chaos (calm): its leases may still hold,
+            # and it may go on with its runs; nothing to judge
+            short += 1
             continue
         mine = f":{f.pid}:"
         for run_id, entries in journals.items():
@@ -572,9 +620,13 @@ def check_frozen(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
                     if late:
                         bad.append(f"{run_id} epoch {e.epoch}: {len(late)} request(s) after "
                                    f"its worker (pid {f.pid}) was continued, e.g. "
-                                   f"{late[0]['method']} {late[0]['path']}")
+                                   f"{late[0]['method']} {late[0]['path']} (claimed "
+                                   f"{f.stopped_at - e.at:.3f} s before a freeze of "
+                                   f"{f.continued_at - f.stopped_at:.3f} s; the request "
+                                   f"{late[0]['arrived_at'] - f.continued_at:.3f} s after it)")
+    cut = f" ({short} cut short by the end of the chaos, not judged)" if short else ""
     return ("a frozen-then-continued worker sent nothing for a run it lost", not bad,
-            "; ".join(bad) or f"{len(freezes)} freezes, {attempts} attempts held")
+            "; ".join(bad) or f"{len(freezes)} freezes{cut}, {attempts} attempts held")
 
 
 def check_billing(ledger: list[dict[str, Any]]) -> Check:
@@ -641,10 +693,22 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+DISK_SIZE = "64m"
+
+
+def mount_refused(why: str) -> NoReturn:
+    sys.exit("torture.py: --disk-full puts the database on a tmpfs of its own, and mounting "
+             f"one was refused: {why}")
+
+
+def sqlite_file(tmp: Path, disk: Path | None) -> Path:
+    return (disk or tmp) / "torture.db"
+
+
 @contextlib.contextmanager
-def database(backend: str, tmp: Path) -> Iterator[str]:
+def database(backend: str, tmp: Path, disk: Path | None = None) -> Iterator[str]:
     if backend == "sqlite":
-        yield f"sqlite:///{tmp / 'torture.db'}"
+        yield f"sqlite:///{sqlite_file(tmp, disk)}"
         return
     import psycopg  # the postgres extra
 
@@ -688,6 +752,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite",
                         help="the store (default sqlite; postgres: 127.0.0.1:5432, db test)")
     parser.add_argument("--lease", type=float, default=2.0, metavar="SECONDS", help="default 2")
+    parser.add_argument("--disk-full", action="store_true",
+                        help="SQLite: the database on a tmpfs of its own (mounting it needs "
+                        "root), filled to the last byte now and then for a while")
     parser.add_argument("--keep", type=Path, default=None, metavar="FILE",
                         help="SQLite: keep a copy of the database in FILE, to read it after "
                         "(python -m durable show ID --db sqlite:///FILE)")
@@ -699,6 +766,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if not low <= value <= high:
             parser.error(f"--{name} must be between {low} and {high}, not {value}")
+    if args.disk_full and args.backend != "sqlite":
+        parser.error("--disk-full is for the SQLite store (its database file's disk)")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**32)
     return args
@@ -712,16 +781,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torture: seed {args.seed} (replay with --seed {args.seed})", flush=True)
     with tempfile.TemporaryDirectory(prefix="durable-torture-") as tmp_name:
         tmp = Path(tmp_name)
-        with running_fake_services(tmp / "git") as services, \
-                database(args.backend, tmp) as db_url:
+        with contextlib.ExitStack() as stack:
+            disk = (stack.enter_context(tmpfs(tmp / "disk", DISK_SIZE, mount_refused))
+                    if args.disk_full else None)
+            services = stack.enter_context(running_fake_services(tmp / "git"))
+            db_url = stack.enter_context(database(args.backend, tmp, disk))
             torture = Torture(args.seed, args.budget, args.workers, args.runs, args.backend,
-                              args.lease, tmp, services, db_url)
+                              args.lease, tmp, services, db_url, disk=disk)
             try:
                 report = anyio.run(torture.run)
             finally:
                 torture.kill_all()
             if args.keep is not None and args.backend == "sqlite":
-                shutil.copyfile(tmp / "torture.db", args.keep)
+                shutil.copyfile(sqlite_file(tmp, disk), args.keep)
     print(table(report))
     if args.report is not None:
         args.report.write_text(json.dumps(report, indent=2))

@@ -10,14 +10,13 @@ full rather than SQLite's "disk I/O error", and the database is intact afterward
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -25,6 +24,7 @@ import durable
 from durable._types import EntryKind, RunState
 from tests.conftest import subprocess_env
 from tests.helpers import poll, running_worker
+from tests.tmpfs import fill, free_bytes, tmpfs
 
 pytestmark = pytest.mark.anyio
 
@@ -35,40 +35,13 @@ RESULT = "y" * 4000  # a step's result: the journal grows by about this much a s
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of DISK mounted on a folder of tmp_path, unmounted afterwards."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs",
-                              str(where)], capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
+
+    def refused(why: str) -> NoReturn:
         pytest.skip("a full disk needs a small file system of its own: mounting a tmpfs "
-                    f"was refused ({mounted.stderr.strip() or mounted.returncode})")
-    try:
+                    f"was refused ({why})")
+
+    with tmpfs(tmp_path / "disk", DISK, refused) as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path, leave: int = 0) -> Path:
-    """Fill the file system of ``disk`` with a file, then give back ``leave`` bytes."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        with contextlib.suppress(OSError):  # ENOSPC: full
-            while True:
-                os.write(fd, b"\0" * 65536)
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(fd, b"\0" * 512)
-    finally:
-        os.close(fd)
-    if leave:
-        os.truncate(filler, max(0, filler.stat().st_size - leave))
-    return filler
-
-
-def free_bytes(disk: Path) -> int:
-    st = os.statvfs(disk)
-    return st.f_bavail * st.f_frsize
 
 
 def registry(calls: Counter[tuple[str, int]]) -> tuple[durable.Registry, durable.Workflow]:

@@ -45,15 +45,18 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("backend", ["sqlite", "postgres", "sqlite-disk-full"])
 def test_a_small_torture_run_passes_every_check(backend: str, tmp_path: Path,
                                                 request: pytest.FixtureRequest) -> None:
     if backend == "postgres":
         request.getfixturevalue("postgres_server")  # skips without a server
     report_file = tmp_path / "report.json"
+    store, *disk_full = backend.split("-", 1)
     done = torture("--seed", str(SEED), "--budget", BUDGET, "--workers", "2", "--runs", "10",
-                   "--backend", backend, "--report", str(report_file),
-                   timeout=float(BUDGET) + 90)
+                   "--backend", store, "--report", str(report_file),
+                   *(["--disk-full"] if disk_full else []), timeout=float(BUDGET) + 90)
+    if disk_full and done.returncode == 2 and "mounting one was refused" in done.stderr:
+        pytest.skip(done.stderr.strip().splitlines()[-1])  # a tmpfs needs root
     assert done.stdout.startswith(f"torture: seed {SEED} (replay with --seed {SEED})"), done
     report = json.loads(report_file.read_text())
     failed = [c for c in report["checks"] if not c["ok"]]
@@ -65,6 +68,9 @@ def test_a_small_torture_run_passes_every_check(backend: str, tmp_path: Path,
     assert sum(v for k, v in applied.items() if k.startswith("fault ")) > 0, applied
     if backend == "postgres":  # the workers went through the proxy that loses answers
         assert {"PostgreSQL answers lost", "PostgreSQL statements lost"} <= set(applied)
+    if disk_full:  # the database's own tmpfs was filled, and unmounted afterwards
+        assert applied.get("disk full", 0) > 0 and report["disk_full"], applied
+        assert "durable-torture-" not in Path("/proc/mounts").read_text()
     assert sum(report["states"].values()) == 10, report["states"]
     for check in report["checks"]:
         assert check["check"] in done.stdout
@@ -78,6 +84,10 @@ def test_bad_arguments_are_one_line_and_exit_2() -> None:
     assert done.stderr.strip().splitlines()[-1].endswith(
         "--workers must be between 1 and 16, not 0"), done.stderr
     assert "Traceback" not in done.stderr
+    done = torture("--disk-full", "--backend", "postgres", timeout=30)
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == ("torture.py: --disk-full is for the SQLite store (its "
+                                   "database file's disk)"), done.stderr
 
 
 
@@ -147,6 +157,11 @@ def test_the_frozen_check_fails_on_a_request_after_the_worker_continued() -> Non
     ok, detail = t.check_frozen({"a": journal}, [_request("a", "1:x", 1, 6.2)], [freeze],
                                 2.0)[1:]
     assert not ok and "after its worker (pid 4242) was continued" in detail
+    # continued early by the end of the chaos (0.5 s into a 2 s lease): it may go on
+    cut = t.Freeze(4242, stopped_at=2.0, continue_at=6.0, continued_at=2.5)
+    ok, detail = t.check_frozen({"a": journal}, [_request("a", "1:x", 1, 2.6)], [cut],
+                                2.0)[1:]
+    assert ok and "1 cut short by the end of the chaos, not judged" in detail
 
 
 def test_the_billing_and_notification_checks_fail_on_duplicates() -> None:
