@@ -65,9 +65,9 @@ class StoreUnavailableError(StoreError):
 
 class NotSentError(StoreUnavailableError):
     """The database could not be reached (or was busy) before the statement was sent or its
-    transaction began: nothing was written, so the write may be tried again (a fenced
-    write holds only while its lease does). Any other StoreError of a write leaves its
-    outcome unknown."""
+    transaction began, or it rolled the transaction back for want of room (SQLite's full
+    disk): nothing was written, so the write may be tried again (a fenced write holds only
+    while its lease does). Any other StoreError of a write leaves its outcome unknown."""
 
 
 class SchemaVersionError(StoreError):

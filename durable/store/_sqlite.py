@@ -364,6 +364,11 @@ class SqliteStore(Store):
             if "locked" in message or "busy" in message:
                 # BEGIN IMMEDIATE waited its turn in vain: the transaction never began
                 raise NotSentError(f"SQLite database {self.path}: {message}") from exc
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                # the disk is full: the transaction was rolled back, nothing was written
+                # (a write may be tried again; docs/design.md, *A full disk*)
+                raise NotSentError(f"SQLite database {self.path}: {self._space(exc)}; "
+                                   "nothing was written") from exc
             if "unable to open" in message:
                 raise StoreUnavailableError(f"SQLite database {self.path}: {message}") from exc
             if "not a database" in message or "malformed" in message:
