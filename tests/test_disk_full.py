@@ -13,8 +13,12 @@ than only SQLite's "disk I/O error", and the database is intact afterwards.
 from __future__ import annotations
 
 import logging
+import random
+import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +30,10 @@ import durable
 from durable._types import EntryKind, RunState
 from tests.conftest import subprocess_env
 from tests.helpers import poll, running_worker
+from tests.pg import postgres_server
 from tests.tmpfs import fill, free_bytes, tmpfs
+
+__all__ = ["postgres_server"]
 
 pytestmark = pytest.mark.anyio
 
@@ -100,25 +107,33 @@ async def test_a_worker_on_a_full_disk_fails_no_run_and_goes_on_once_space_is_fr
         await store.aclose()
 
 
-async def test_a_record_write_that_finds_the_disk_full_waits_for_room_and_fails_nothing(
-        disk: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A record too large for the room left (a finish or a renewal still fits): its
-    transaction is rolled back, so it is a write that was not sent (``NotSentError``),
-    tried again while the lease holds, and the run goes on once there is room. Before, the
-    store's error failed the run, as if the database had refused the statement for good."""
+def records_registry() -> tuple[durable.Registry, durable.Workflow]:
     reg = durable.Registry()
 
     @durable.workflow("disk.records", registry=reg)
     async def records(ctx: durable.WorkflowContext, size: int) -> str:
-        await ctx.set_records({("disk", "big"): "z" * size})
+        # hex of seeded random bytes: a value no store can compress into the room left
+        await ctx.set_records({("disk", "big"): random.Random(1).randbytes(size // 2).hex()})
         return "written"
 
-    store = durable.store_from_url(f"sqlite:///{disk / 'd.db'}")
+    return reg, records
+
+
+async def a_record_write_waits_for_room(url: str, disk: Path, size: int,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A record of ``size`` characters written while half its room is left on ``disk``
+    (a finish or a renewal still fits): its transaction is rolled back, so it is a write
+    that was not sent (``NotSentError``), tried again while the lease holds, and the run
+    goes on once there is room. Before, the store's error failed the run (as if the
+    database had refused the statement for good), or, when the finish found no room
+    either, left it to a recovery after its lease."""
+    reg, records = records_registry()
+    store = durable.store_from_url(url)
     await store.open()
     try:
         client = durable.Client(store, registry=reg)
-        await client.start(records, 2_000_000, id="big-record")
-        filler = fill(disk, leave=1_000_000)  # half the record's room
+        await client.start(records, size, id="big-record")
+        filler = fill(disk, leave=size // 2)
 
         async def tried() -> bool:
             run = await store.get_run("big-record")
@@ -133,10 +148,62 @@ async def test_a_record_write_that_finds_the_disk_full_waits_for_room_and_fails_
                 assert run is not None and run.state is RunState.RUNNING, run
                 filler.unlink()
                 done = await client.wait("big-record", timeout=30)
-        assert (done.state, done.result) == (RunState.COMPLETED, "written"), done
+        assert (done.state, done.result, done.attempt) == (RunState.COMPLETED, "written", 1)
         assert await store.get_record("disk", "big") is not None
     finally:
         await store.aclose()
+
+
+async def test_a_record_write_that_finds_the_disk_full_waits_for_room_and_fails_nothing(
+        disk: Path, caplog: pytest.LogCaptureFixture) -> None:
+    await a_record_write_waits_for_room(f"sqlite:///{disk / 'd.db'}", disk, 2_000_000, caplog)
+
+
+@pytest.fixture
+def pg_small_disk(postgres_server: str) -> Iterator[tuple[str, Path]]:
+    """A store URL whose tables go to a tablespace on a tmpfs of its own (16 MiB), and that
+    tmpfs. The folder is outside pytest's own (which the server's user cannot enter)."""
+    psycopg = pytest.importorskip("psycopg")
+    from psycopg import sql
+
+    def refused(why: str) -> NoReturn:
+        pytest.skip(f"a full disk needs a small file system of its own: mounting a tmpfs "
+                    f"was refused ({why})")
+
+    base = Path(tempfile.mkdtemp(prefix="durable-pg-disk-"))
+    base.chmod(0o755)
+    name, schema = (f"durable_disk_{uuid.uuid4().hex[:12]}" for _ in range(2))
+    try:
+        with tmpfs(base / "disk", "16m", refused) as disk:
+            (disk / "ts").mkdir()
+            try:
+                shutil.chown(disk / "ts", "postgres", "postgres")
+                with psycopg.connect(postgres_server, autocommit=True) as conn:
+                    conn.execute(sql.SQL("CREATE TABLESPACE {} LOCATION {}").format(
+                        sql.Identifier(name), sql.Literal(str(disk / "ts"))))
+            except (LookupError, PermissionError, psycopg.Error) as exc:
+                pytest.skip("the server cannot put a tablespace on a folder of this machine "
+                            f"(it runs elsewhere, or as another user): {exc}")
+            try:
+                yield (f"{postgres_server}?schema={schema}"
+                       f"&options=-c%20default_tablespace%3D{name}"), disk
+            finally:
+                with psycopg.connect(postgres_server, autocommit=True) as conn:
+                    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                        sql.Identifier(schema)))
+                    conn.execute(sql.SQL("DROP TABLESPACE IF EXISTS {}").format(
+                        sql.Identifier(name)))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the PostgreSQL store's loop
+async def test_a_record_write_that_finds_postgresql_s_disk_full_waits_for_room(
+        pg_small_disk: tuple[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+    """The same on PostgreSQL (``disk_full``, SQLSTATE 53100: "could not extend file"),
+    whose tables are on a tablespace of their own on the small disk (its WAL is not)."""
+    url, disk = pg_small_disk
+    await a_record_write_waits_for_room(url, disk, 8_000_000, caplog)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -531,6 +531,10 @@ class PostgresStore(Store):
                 f"server is unreachable, or all {self.pool_size} pooled connections are busy)"
             )
         message = _redact(str(exc), self._secrets)
+        if isinstance(exc, psycopg.errors.DiskFull):
+            # the server refused the statement for want of room: its transaction aborted,
+            # nothing was written (a write may be tried again; docs/design.md, *A full disk*)
+            return NotSentError(f"PostgreSQL at {self.url}: {message}; nothing was written")
         if isinstance(exc, psycopg.OperationalError) and (
             exc.sqlstate is None
             or exc.sqlstate.startswith("08")
@@ -1450,8 +1454,9 @@ def _refused(conn: Conn, exc: psycopg.Error) -> bool:
 
 def _retry_alone(exc: psycopg.Error) -> bool:
     """Whether a refused batch is worth sending again write by write: not when it ran out
-    of time (statement_timeout, lock_timeout: each write would wait as long again)."""
-    return exc.sqlstate not in ("57014", "55P03")
+    of time (statement_timeout, lock_timeout: each write would wait as long again) or of
+    room (disk_full: each would find the disk as full)."""
+    return exc.sqlstate not in ("57014", "55P03", "53100")
 
 
 def _group_commit_option(url: str) -> tuple[str, bool]:
