@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -231,3 +232,34 @@ def test_the_cli_on_a_full_disk_says_so_in_one_line_and_loses_nothing(disk: Path
     assert listed.returncode == 0, listed.stderr
     assert "before-full" in listed.stdout
     assert listed.stdout.count("slot.reset") == 1  # the refused start wrote nothing
+
+
+def test_with_the_database_open_elsewhere_reads_work_on_a_full_disk_and_writes_say_so(
+        disk: Path) -> None:
+    """While another process has the database open (a worker, here a plain connection),
+    its shared-memory file exists: the CLI's reads work on a full disk, and a start is
+    refused in one line that says nothing was written."""
+    url = f"sqlite:///{disk / 'd.db'}"
+    assert cli("migrate", "--db", url).returncode == 0
+    assert cli("start", "--db", url, "--import", "workflows", "--id", "before-full",
+               "slot.reset", '"slot-1"').returncode == 0
+    holder = sqlite3.connect(disk / "d.db")
+    try:
+        holder.execute("SELECT count(*) FROM durable_runs").fetchone()  # WAL files open
+        filler = fill(disk)
+        listed = cli("list", "--db", url)
+        assert listed.returncode == 0, listed.stderr
+        assert "before-full" in listed.stdout
+        shown = cli("show", "before-full", "--db", url)
+        assert shown.returncode == 0, shown.stderr
+        refused = cli("start", "--db", url, "--import", "workflows", "slot.reset",
+                      '"slot-2"')
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert "database or disk is full" in refused.stderr, refused.stderr
+        assert "nothing was written" in refused.stderr, refused.stderr
+        filler.unlink()
+    finally:
+        holder.close()
+    listed = cli("list", "--db", url)
+    assert listed.stdout.count("slot.reset") == 1, listed.stdout  # nothing half-written
