@@ -65,8 +65,8 @@ class StoreUnavailableError(StoreError):
 
 class NotSentError(StoreUnavailableError):
     """The database could not be reached (or was busy) before the statement was sent or its
-    transaction began, or it rolled the transaction back for want of room (a full disk):
-    nothing was written, so the write may be tried again (a fenced write holds only
+    transaction began, or it refused the transaction (a full disk, a server turned
+    read-only): nothing was written, so the write may be tried again (a fenced write holds only
     while its lease does). Any other StoreError of a write leaves its outcome unknown."""
 
 

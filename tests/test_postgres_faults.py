@@ -11,12 +11,15 @@ import logging
 import re
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
+from psycopg import sql
 
 import durable
 from durable import _claims, _worker
@@ -694,3 +697,69 @@ async def test_runs_of_a_claim_whose_answer_was_lost_are_found_past_a_page_of_ot
     taken = await direct.claim("another-worker", 60.0, others, workflows=["t.other"])
     assert len(taken) == others
     await _claim_answered_never_then_run(pg_url, client, registry, direct)
+
+
+async def test_a_write_refused_by_a_read_only_server_waits_for_a_writable_connection(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A failover can leave a worker's connections on a server that turned read-only (a
+    standby): its writes are refused with read_only_sql_transaction. Nothing was written,
+    so the store raises NotSentError and drops that connection: the attempt's record write
+    is tried again while its lease holds, on a new connection, and succeeds once the server
+    takes writes again, in the same attempt. Before, the write's error failed the run.
+    Here the server turns read-only for the store's own role (``ALTER ROLE ... SET
+    default_transaction_read_only``, which new sessions take) and its sessions are ended."""
+    role = f"durable_ro_{uuid.uuid4().hex[:12]}"
+    server, _ = split_url(pg_url)
+    admin = psycopg.connect(server, autocommit=True)
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    admin.execute(sql.SQL("GRANT CREATE ON DATABASE test TO {}").format(sql.Identifier(role)))
+
+    def read_only(on: bool) -> None:
+        admin.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = {}").format(
+            sql.Identifier(role), sql.SQL("on" if on else "off")))
+
+    entered, go = anyio.Event(), anyio.Event()
+    registry = durable.Registry()
+
+    @durable.activity("ro.wait", registry=registry)
+    async def wait(ctx: durable.ActivityContext) -> str:
+        entered.set()
+        await go.wait()
+        return "waited"
+
+    @durable.workflow("ro.records", registry=registry)
+    async def records(ctx: durable.WorkflowContext) -> str:
+        await wait(ctx)
+        await ctx.set_records({("ro", "one"): 1})
+        return "written"
+
+    store = store_from_url(pg_url.replace("postgres@", f"{role}@", 1))
+    try:
+        await store.open()
+        client = durable.Client(store, registry=registry)
+        await client.start(records, id="read-only")
+        with caplog.at_level(logging.INFO, logger="durable"):
+            async with running_worker(client, registry, concurrency=1, lease=10.0):
+                await entered.wait()
+                read_only(True)
+                began = admin.execute("SELECT now()").fetchone()[0]
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE usename = %s", (role,))
+                await poll(lambda: admin.execute(  # ended: their FATAL is on the sockets
+                    "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
+                    "AND backend_start < %s", (role, began)).fetchone()[0] == 0)
+                go.set()
+                await poll(lambda: any(
+                    getattr(r, "event", None) == "store_write_not_sent"
+                    and "read-only" in r.getMessage() for r in caplog.records), timeout=15)
+                read_only(False)  # new sessions take writes again; the refused one is gone
+                run = await client.wait("read-only", timeout=15)
+        assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, "written", 1), run
+        assert await store.get_record("ro", "one") is not None
+    finally:
+        await store.aclose()
+        admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+            sql.Identifier(split_url(pg_url)[1])))
+        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        admin.close()

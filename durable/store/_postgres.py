@@ -457,6 +457,7 @@ class PostgresStore(Store):
             async with conn:
                 yield conn
         except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
+            await _drop_if_read_only(conn, exc)
             raise self._translate(exc) from exc
         finally:
             with anyio.CancelScope(shield=True):
@@ -535,6 +536,11 @@ class PostgresStore(Store):
             # the server refused the statement for want of room: its transaction aborted,
             # nothing was written (a write may be tried again; docs/design.md, *A full disk*)
             return NotSentError(f"PostgreSQL at {self.url}: {message}; nothing was written")
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            # a server that turned read-only (a failover left this connection on a standby):
+            # nothing was written, and the connection is dropped (_drop_if_read_only)
+            return NotSentError(f"PostgreSQL at {self.url}: {message} (the server is "
+                                "read-only: a standby?); nothing was written")
         if isinstance(exc, psycopg.OperationalError) and (
             exc.sqlstate is None
             or exc.sqlstate.startswith("08")
@@ -952,6 +958,7 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             if not _refused(conn, exc):
                 raise
+            await _drop_if_read_only(conn, exc)
             if len(group) == 1 or not _retry_alone(exc):
                 for write in group:
                     write.error = self._translate(exc)
@@ -1455,8 +1462,23 @@ def _refused(conn: Conn, exc: psycopg.Error) -> bool:
 def _retry_alone(exc: psycopg.Error) -> bool:
     """Whether a refused batch is worth sending again write by write: not when it ran out
     of time (statement_timeout, lock_timeout: each write would wait as long again) or of
-    room (disk_full: each would find the disk as full)."""
-    return exc.sqlstate not in ("57014", "55P03", "53100")
+    room (disk_full: each would find the disk as full), nor when the server is read-only
+    (the connection is dropped)."""
+    return exc.sqlstate not in ("57014", "55P03", "53100", READ_ONLY)
+
+
+READ_ONLY = "25006"
+"""read_only_sql_transaction: the server is a standby (or was made read-only)."""
+
+
+async def _drop_if_read_only(conn: Conn, exc: BaseException) -> None:
+    """A connection whose server refused a write as read-only is closed, so the pool opens
+    another instead of handing this one out again: after a failover, a new connection
+    reaches the new primary (a URL naming every host, with ``target_session_attrs=
+    read-write``), where writes tried again succeed."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == READ_ONLY:
+        with anyio.CancelScope(shield=True):
+            await conn.close()
 
 
 def _group_commit_option(url: str) -> tuple[str, bool]:
