@@ -9,14 +9,14 @@ Starts the fake services on loopback (``scripts/_fakes``), seeds slots, and runs
 database while a scheduler, driven by one seeded random generator, starts ``--runs`` runs
 (slot.reset, slot.teardown and audio.batch, several on each concurrency key) and meanwhile:
 SIGKILLs workers and starts new ones, SIGSTOPs one past its lease and SIGCONTs it, sends
-SIGTERM (graceful shutdown), injects service faults (5xx, dropped connections before or after
-the service did the work, hangs), and races operator cancels (also right after a SIGTERM of
-the worker holding the run) and replays; with ``--disk-full`` (SQLite; root, to mount
-it) the database lives on a tmpfs of its own, which the scheduler fills to the last byte
-for a while now and then. After the chaos phase (60 % of ``--budget``), the
-faults are cleared and the surviving workers finish what they can until the budget ends;
-then every worker is shut down with SIGTERM and the script checks, from the services'
-ledger and the journal:
+SIGTERM (graceful shutdown), injects service faults (5xx, dropped connections before or
+after the service did the work, hangs), and races operator cancels (also right after a
+SIGTERM of the worker holding the run) and replays; with ``--disk-full`` (root, to mount
+it) the database (PostgreSQL: its tables, on a tablespace) lives on a tmpfs of its own,
+which the scheduler fills to the last byte for a while now and then. After the chaos phase
+(60 % of ``--budget``), the faults are cleared and the surviving workers finish what they
+can until the budget ends; then every worker is shut down with SIGTERM and the script
+checks, from the services' ledger and the journal:
 
 - every run is finished or queued (resumable), none left running after the shutdown, and
   none sat running past its lease while workers were alive;
@@ -65,7 +65,13 @@ import durable  # noqa: E402
 import workflows  # noqa: E402,F401  (registers the operations: each activity's on_doubt)
 from durable.store import store_from_url  # noqa: E402
 from tests.pgproxy import LosingProxy, losing_proxy  # noqa: E402
-from tests.tmpfs import FILLER, fill, tmpfs  # noqa: E402
+from tests.tmpfs import (  # noqa: E402
+    FILLER,
+    fill,
+    pg_tablespace,
+    tablespace_option,
+    tmpfs,
+)
 from workflows.records import Slot, seed_slot  # noqa: E402
 
 try:
@@ -449,8 +455,9 @@ class Torture:
             self.counts["PostgreSQL statements lost"] = self.proxy.requests_lost
         if self.disk is not None:  # that the full disk reached the workers' writes
             self.counts["worker errors on the full disk"] = sum(
-                log.read_text(errors="replace").count("disk is full")
-                for log in self.tmp.glob("worker-*.log"))
+                text.count("disk is full") + text.count("No space left on device")
+                for text in (log.read_text(errors="replace")
+                             for log in self.tmp.glob("worker-*.log")))
         runs = {r.id: r for r in await store.list_runs(limit=10_000)}
         journals = {run_id: await store.journal(run_id) for run_id in runs}
         ledger = self.services.ledger()
@@ -697,8 +704,15 @@ DISK_SIZE = "64m"
 
 
 def mount_refused(why: str) -> NoReturn:
-    sys.exit("torture.py: --disk-full puts the database on a tmpfs of its own, and mounting "
-             f"one was refused: {why}")
+    sys.exit("torture.py: --disk-full puts the database on a tmpfs of its own, and that "
+             f"was refused: {why}")
+
+
+def drop_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_SERVER, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
 
 
 def sqlite_file(tmp: Path, disk: Path | None) -> Path:
@@ -710,14 +724,19 @@ def database(backend: str, tmp: Path, disk: Path | None = None) -> Iterator[str]
     if backend == "sqlite":
         yield f"sqlite:///{sqlite_file(tmp, disk)}"
         return
-    import psycopg  # the postgres extra
-
     schema = f"torture_{uuid.uuid4().hex[:12]}"
     try:  # the application name tags this run's connections (terminate_connections)
-        yield f"{PG_SERVER}?schema={schema}&application_name={schema}"
+        with contextlib.ExitStack() as stack:
+            where = ""
+            if disk is not None:  # the store's tables on a tablespace on the small disk
+                tmp.chmod(0o755)  # for the server's user, on the way to the tablespace
+                name = stack.enter_context(pg_tablespace(PG_SERVER, disk, mount_refused))
+                stack.callback(drop_schema, schema)  # before its tablespace goes
+                where = f"&{tablespace_option(name)}"
+            # the application name last: terminate_connections reads it off the end
+            yield f"{PG_SERVER}?schema={schema}{where}&application_name={schema}"
     finally:
-        with psycopg.connect(PG_SERVER, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
+        drop_schema(schema)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -753,8 +772,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="the store (default sqlite; postgres: 127.0.0.1:5432, db test)")
     parser.add_argument("--lease", type=float, default=2.0, metavar="SECONDS", help="default 2")
     parser.add_argument("--disk-full", action="store_true",
-                        help="SQLite: the database on a tmpfs of its own (mounting it needs "
-                        "root), filled to the last byte now and then for a while")
+                        help="the database on a tmpfs of its own (mounting it needs root; "
+                        "PostgreSQL: its tables, on a tablespace there), filled to the last "
+                        "byte now and then for a while")
     parser.add_argument("--keep", type=Path, default=None, metavar="FILE",
                         help="SQLite: keep a copy of the database in FILE, to read it after "
                         "(python -m durable show ID --db sqlite:///FILE)")
@@ -766,8 +786,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if not low <= value <= high:
             parser.error(f"--{name} must be between {low} and {high}, not {value}")
-    if args.disk_full and args.backend != "sqlite":
-        parser.error("--disk-full is for the SQLite store (its database file's disk)")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**32)
     return args

@@ -31,8 +31,8 @@ import durable
 from durable._types import EntryKind, RunState
 from tests.conftest import subprocess_env
 from tests.helpers import poll, running_worker
-from tests.pg import postgres_server
-from tests.tmpfs import fill, free_bytes, tmpfs
+from tests.pg import postgres_server, split_url
+from tests.tmpfs import fill, free_bytes, pg_tablespace, tablespace_option, tmpfs
 
 __all__ = ["postgres_server"]
 
@@ -164,36 +164,24 @@ async def test_a_record_write_that_finds_the_disk_full_waits_for_room_and_fails_
 def pg_small_disk(postgres_server: str) -> Iterator[tuple[str, Path]]:
     """A store URL whose tables go to a tablespace on a tmpfs of its own (16 MiB), and that
     tmpfs. The folder is outside pytest's own (which the server's user cannot enter)."""
-    psycopg = pytest.importorskip("psycopg")
-    from psycopg import sql
+    pytest.importorskip("psycopg")
+    from tests.pg import connect_sync
 
     def refused(why: str) -> NoReturn:
-        pytest.skip(f"a full disk needs a small file system of its own: mounting a tmpfs "
-                    f"was refused ({why})")
+        pytest.skip(f"a full disk for PostgreSQL needs a tablespace on a small file system "
+                    f"of its own: {why}")
 
     base = Path(tempfile.mkdtemp(prefix="durable-pg-disk-"))
     base.chmod(0o755)
-    name, schema = (f"durable_disk_{uuid.uuid4().hex[:12]}" for _ in range(2))
+    url = f"{postgres_server}?schema=durable_disk_{uuid.uuid4().hex[:12]}"
     try:
-        with tmpfs(base / "disk", "16m", refused) as disk:
-            (disk / "ts").mkdir()
+        with tmpfs(base / "disk", "16m", refused) as disk, \
+                pg_tablespace(postgres_server, disk, refused) as name:
             try:
-                shutil.chown(disk / "ts", "postgres", "postgres")
-                with psycopg.connect(postgres_server, autocommit=True) as conn:
-                    conn.execute(sql.SQL("CREATE TABLESPACE {} LOCATION {}").format(
-                        sql.Identifier(name), sql.Literal(str(disk / "ts"))))
-            except (LookupError, PermissionError, psycopg.Error) as exc:
-                pytest.skip("the server cannot put a tablespace on a folder of this machine "
-                            f"(it runs elsewhere, or as another user): {exc}")
-            try:
-                yield (f"{postgres_server}?schema={schema}"
-                       f"&options=-c%20default_tablespace%3D{name}"), disk
-            finally:
-                with psycopg.connect(postgres_server, autocommit=True) as conn:
-                    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                        sql.Identifier(schema)))
-                    conn.execute(sql.SQL("DROP TABLESPACE IF EXISTS {}").format(
-                        sql.Identifier(name)))
+                yield f"{url}&{tablespace_option(name)}", disk
+            finally:  # the schema's tables go before their tablespace
+                with connect_sync(url) as conn:
+                    conn.execute(f"DROP SCHEMA IF EXISTS {split_url(url)[1]} CASCADE")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -1,11 +1,12 @@
 """A real full disk: a small tmpfs of its own (mounting one needs root) and a file that
-fills it to the last byte. Used by ``tests/test_disk_full.py`` and ``scripts/torture.py``
-(``--disk-full``)."""
+fills it to the last byte; for PostgreSQL, a tablespace on it. Used by
+``tests/test_disk_full.py`` and ``scripts/torture.py`` (``--disk-full``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,3 +52,38 @@ def fill(disk: Path, leave: int = 0) -> Path:
 def free_bytes(disk: Path) -> int:
     st = os.statvfs(disk)
     return st.f_bavail * st.f_frsize
+
+
+@contextlib.contextmanager
+def pg_tablespace(server: str, disk: Path, refused: Callable[[str], NoReturn]
+                  ) -> Iterator[str]:
+    """A PostgreSQL tablespace on ``disk`` (a tmpfs of :func:`tmpfs`, in folders the
+    server's user can enter), dropped afterwards with whatever is left in it; its name.
+    A store URL whose ``options`` say ``-c default_tablespace=NAME`` creates its tables
+    there, so they run out of room when the disk is filled (the server's WAL does not).
+    ``refused`` is called (and raises) when the server cannot use the folder: it runs on
+    another machine, or the folder cannot be given to its user."""
+    import psycopg
+    from psycopg import sql
+
+    name = f"durable_disk_{os.urandom(6).hex()}"
+    folder = disk / "tablespace"
+    folder.mkdir()
+    try:
+        shutil.chown(folder, "postgres", "postgres")
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE TABLESPACE {} LOCATION {}").format(
+                sql.Identifier(name), sql.Literal(str(folder))))
+    except (LookupError, PermissionError, psycopg.Error) as exc:
+        refused(f"the server cannot put a tablespace on a folder of this machine (it runs "
+                f"elsewhere, or as another user): {exc}")
+    try:
+        yield name
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLESPACE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def tablespace_option(name: str) -> str:
+    """The store URL's query parameter that puts its tables in tablespace ``name``."""
+    return f"options=-c%20default_tablespace%3D{name}"
