@@ -205,6 +205,9 @@ _UNIQUE_ONE_RUNNING = "durable_runs_one_running_per_key"
 # SQLSTATEs that mean the server cannot be reached or is going away.
 _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
+READ_ONLY = "25006"
+"""read_only_sql_transaction: the server is a standby (or was made read-only)."""
+
 Conn = psycopg.AsyncConnection[DictRow]
 
 
@@ -1465,10 +1468,6 @@ def _retry_alone(exc: psycopg.Error) -> bool:
     room (disk_full: each would find the disk as full), nor when the server is read-only
     (the connection is dropped)."""
     return exc.sqlstate not in ("57014", "55P03", "53100", READ_ONLY)
-
-
-READ_ONLY = "25006"
-"""read_only_sql_transaction: the server is a standby (or was made read-only)."""
 
 
 async def _drop_if_read_only(conn: Conn, exc: BaseException) -> None:
