@@ -40,9 +40,9 @@ class RetryPolicy:
     """How an activity's step is retried: exponential backoff with jitter and a cap.
 
     ``max_tries`` counts the first try: ``max_tries=3`` executes the step at most three times
-    in all, across the run's attempts (a worker that died while the step ran used a try; a
-    try its own attempt interrupted, by a cancel or a shutdown, did not). A step whose tries
-    ran out while the worker died each time fails the run, naming the step, instead of
+    in all, across the run's attempts (a worker that died, or lost its lease, while the step
+    ran used a try; a try its own attempt interrupted, by a cancel or a shutdown, did not). A
+    step whose tries ran out that way each time fails the run, naming the step, instead of
     killing workers forever. A replay gives a step it runs again a fresh budget. (Tries are
     a step's executions; attempts are a run's claims.) An exception of a type in
     ``non_retryable`` (or any :class:`durable.NonRetryableError`) fails the step at once. A

@@ -8,7 +8,8 @@ The guarantees that live here:
   :class:`durable.ConfigError` that fails the run ("pass key="), rather than a run whose
   concurrent steps get each other's results after a resume.
 - **Tries.** ``RetryPolicy.max_tries`` bounds a step's tries across the run's attempts. A
-  step whose worker died each time it ran ends the run with a message saying so.
+  step whose worker died (or lost its lease) each time it ran ends the run with a message
+  saying so.
 - **Results.** A result that cannot be journaled fails the step at once (never retried:
   the side effect happened). A completion of an ``on_doubt="fail"`` step is committed
   before the workflow goes on; an idempotent step's completion rides on the next write.
@@ -554,8 +555,10 @@ class Steps:
         """The step's tries ran out across attempts: fail it instead of looping forever."""
         used = view.tries_used
         if view.died and view.died >= used:
-            why = (f"the worker died each time it ran (no try recorded an outcome; "
-                   f"RetryPolicy.max_tries={act.retry.max_tries} across attempts)")
+            # what the journal tells: each try's attempt ended with no outcome for it; not
+            # whether its worker died or lost its lease (frozen, cut off, its disk full)
+            why = (f"the worker died or lost its lease each time it ran (no try recorded an "
+                   f"outcome; RetryPolicy.max_tries={act.retry.max_tries} across attempts)")
             error_type = "WorkerDied"
         else:
             why = (f"no tries left (RetryPolicy.max_tries={act.retry.max_tries} across "
