@@ -66,9 +66,9 @@ class StoreUnavailableError(StoreError):
 class NotSentError(StoreUnavailableError):
     """The database could not be reached (or was busy) before the statement was sent or its
     transaction began, or it refused the transaction (a full disk, a server turned
-    read-only): nothing was written, so the write may be tried again (a fenced write holds
-    only while its lease does). Any other StoreError of a write leaves its outcome
-    unknown."""
+    read-only, a deadlock broken): nothing was written, so the write may be tried again (a
+    fenced write holds only while its lease does). Any other StoreError of a write leaves
+    its outcome unknown."""
 
 
 class SchemaVersionError(StoreError):

@@ -41,6 +41,18 @@ __all__ = ["pg_url", "postgres_server"]
 
 pytestmark = pytest.mark.anyio
 
+APP = "durable-deadlock-test"
+"""The application name of the deadlock tests' stores: their lock waits, told apart."""
+
+
+async def _lock_waits(conn: Any, n: int) -> bool:
+    """Whether n connections of the store named APP wait for a lock."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database() AND application_name = %s", (APP,))
+    row = await cur.fetchone()
+    return row is not None and int(row[0]) >= n
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -763,3 +775,87 @@ async def test_a_write_refused_by_a_read_only_server_waits_for_a_writable_connec
         admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
         admin.close()
+
+
+async def test_runs_writing_the_same_records_in_opposite_orders_do_not_deadlock(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Two runs write records a and b, one as {a, b}, the other as {b, a}. The upserts took
+    their row locks in the order given, so with a held by a third party, the first run
+    waiting for it and the second holding b and waiting for a, the release of a handed a
+    to the first, which then waited for b: a deadlock, and PostgreSQL aborted one of them
+    ("deadlock detected"), whose error failed its run. The store writes records in one
+    order (by namespace and key), so they queue instead; and an aborted transaction wrote
+    nothing, so a deadlock, were one left, would be a write not sent, tried again."""
+    registry = durable.Registry()
+    direct = store_from_url(f"{pg_url}&application_name={APP}")
+    await direct.open()
+
+    @durable.workflow("dl.records", registry=registry)
+    async def records(ctx: durable.WorkflowContext, order: list[str]) -> str:
+        await ctx.set_records({("dl", key): ctx.workflow_id for key in order})
+        return "written"
+
+    client = durable.Client(direct, registry=registry)
+    await direct.put_records(None, [("dl", "a", "seed"), ("dl", "b", "seed")])
+    server, schema = split_url(pg_url)
+    holder = await psycopg.AsyncConnection.connect(server, autocommit=True)
+
+    try:
+        with caplog.at_level(logging.INFO, logger="durable"):
+            async with running_worker(client, registry, concurrency=2, lease=30.0):
+                async with holder.transaction():
+                    await holder.execute(sql.SQL(
+                        "SELECT 1 FROM {}.durable_records WHERE namespace = 'dl' AND key = 'a' "
+                        "FOR UPDATE").format(sql.Identifier(schema)))
+                    await client.start(records, ["a", "b"], id="a-then-b")
+                    await poll(lambda: _lock_waits(holder, 1), timeout=10)
+                    await client.start(records, ["b", "a"], id="b-then-a")
+                    await poll(lambda: _lock_waits(holder, 2), timeout=10)
+                # a released: with the locks taken in the order given, a deadlock now
+                done = [await client.wait(run_id, timeout=20)
+                        for run_id in ("a-then-b", "b-then-a")]
+    finally:
+        await holder.close()
+        await direct.aclose()
+    assert [(r.state, r.result) for r in done] == [(RunState.COMPLETED, "written")] * 2, done
+    assert not [r for r in caplog.records if "deadlock" in r.getMessage()]
+
+
+async def test_a_record_write_aborted_to_break_a_deadlock_is_tried_again(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A third party holds record b and then asks for a, which a run's record write holds
+    while it waits for b: PostgreSQL breaks the cycle by aborting the transaction that has
+    waited longest, the run's. An aborted transaction wrote nothing, so it is a write not
+    sent, tried again once the third party is done, in the same attempt; before, the
+    "deadlock detected" error failed the run."""
+    registry = durable.Registry()
+    direct = store_from_url(f"{pg_url}&application_name={APP}")
+    await direct.open()
+
+    @durable.workflow("dl.both", registry=registry)
+    async def both(ctx: durable.WorkflowContext) -> str:
+        await ctx.set_records({("dl", "a"): 1, ("dl", "b"): 1})
+        return "written"
+
+    client = durable.Client(direct, registry=registry)
+    await direct.put_records(None, [("dl", "a", "seed"), ("dl", "b", "seed")])
+    server, schema = split_url(pg_url)
+    holder = await psycopg.AsyncConnection.connect(server, autocommit=True)
+    lock = sql.SQL("SELECT 1 FROM {}.durable_records WHERE namespace = 'dl' AND key = {} "
+                   "FOR UPDATE")
+    try:
+        with caplog.at_level(logging.INFO, logger="durable"):
+            async with running_worker(client, registry, concurrency=1, lease=30.0):
+                async with holder.transaction():
+                    await holder.execute(lock.format(sql.Identifier(schema), "b"))
+                    await client.start(both, id="both")
+                    await poll(lambda: _lock_waits(holder, 1), timeout=10)  # a held, b not
+                    # the run's wait is the older: its deadlock check aborts its own write
+                    await holder.execute(lock.format(sql.Identifier(schema), "a"))
+                run = await client.wait("both", timeout=20)
+    finally:
+        await holder.close()
+        await direct.aclose()
+    assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, "written", 1), run
+    retried = [r for r in caplog.records if getattr(r, "event", None) == "store_write_not_sent"]
+    assert retried and "deadlock detected" in retried[0].getMessage()

@@ -539,6 +539,11 @@ class PostgresStore(Store):
             # the server refused the statement for want of room: its transaction aborted,
             # nothing was written (a write may be tried again; docs/design.md, *A full disk*)
             return NotSentError(f"PostgreSQL at {self.url}: {message}; nothing was written")
+        if isinstance(exc, (psycopg.errors.DeadlockDetected,
+                            psycopg.errors.SerializationFailure)):
+            # the server aborted the transaction to break a cycle of waits: nothing of it
+            # was written, and it may be tried again
+            return NotSentError(f"PostgreSQL at {self.url}: {message}; nothing was written")
         if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
             # a server that turned read-only (a failover left this connection on a standby):
             # nothing was written, and the connection is dropped (_drop_if_read_only)
@@ -1135,8 +1140,11 @@ class PostgresStore(Store):
         expected: Mapping[tuple[str, str], int] | None = None,
     ) -> bool:
         now = self._now()
-        # One row per key (the last value wins), as if written one after the other.
-        latest = {(ns, key): dumps(value, "record value") for ns, key, value in records}
+        # One row per key (the last value wins), as if written one after the other; upserted
+        # in one order, by namespace and key, so that two writers of the same records take
+        # their row locks in the same order (given in opposite orders, they deadlocked)
+        latest = dict(sorted(
+            {(ns, key): dumps(value, "record value") for ns, key, value in records}.items()))
         conditions = dict(expected or {})
         arrays = {
             "namespaces": [ns for ns, _ in latest],
