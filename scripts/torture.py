@@ -51,7 +51,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -533,7 +533,7 @@ def check_completed_once(journals: dict[str, list[Any]], ledger: list[dict[str, 
 
 
 def check_in_doubt(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
-                   on_doubt: dict[str, str]) -> Check:
+                   on_doubt: Mapping[str, str]) -> Check:
     """A step left started by an attempt is in doubt; with on_doubt='fail' it is never sent
     again by a later attempt unless an operator asked (replay --rerun-in-doubt)."""
     sent = defaultdict(set)  # idempotency key -> tokens whose request the service handled

@@ -25,7 +25,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -56,7 +56,7 @@ def disk(tmp_path: Path) -> Iterator[Path]:
         yield where
 
 
-def registry() -> tuple[durable.Registry, durable.Workflow]:
+def registry() -> tuple[durable.Registry, durable.Workflow[..., Any]]:
     reg = durable.Registry()
 
     @durable.activity("disk.write", registry=reg)
@@ -111,7 +111,7 @@ async def test_a_worker_on_a_full_disk_fails_no_run_and_goes_on_once_space_is_fr
         await store.aclose()
 
 
-def records_registry() -> tuple[durable.Registry, durable.Workflow]:
+def records_registry() -> tuple[durable.Registry, durable.Workflow[..., Any]]:
     reg = durable.Registry()
 
     @durable.workflow("disk.records", registry=reg)

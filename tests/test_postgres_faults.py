@@ -45,6 +45,13 @@ APP = "durable-deadlock-test"
 """The application name of the deadlock tests' stores: their lock waits, told apart."""
 
 
+def one(conn: Any, query: str, params: tuple[Any, ...] = ()) -> Any:
+    """The one value of a one-row query on a plain (sync) connection."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
 async def _lock_waits(conn: Any, n: int) -> bool:
     """Whether n connections of the store named APP wait for a lock."""
     cur = await conn.execute(
@@ -754,12 +761,12 @@ async def test_a_write_refused_by_a_read_only_server_waits_for_a_writable_connec
             async with running_worker(client, registry, concurrency=1, lease=10.0):
                 await entered.wait()
                 read_only(True)
-                began = admin.execute("SELECT now()").fetchone()[0]
+                began = one(admin, "SELECT now()")
                 admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                               "WHERE usename = %s", (role,))
-                await poll(lambda: admin.execute(  # ended: their FATAL is on the sockets
-                    "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
-                    "AND backend_start < %s", (role, began)).fetchone()[0] == 0)
+                await poll(lambda: one(  # ended: their FATAL is on the sockets
+                    admin, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
+                    "AND backend_start < %s", (role, began)) == 0)
                 go.set()
                 await poll(lambda: any(
                     getattr(r, "event", None) == "store_write_not_sent"
