@@ -298,9 +298,11 @@ async def test_postgres_a_start_s_notify_judged_before_its_insert_returned_is_no
         store._told = Told()  # type: ignore[attr-defined]
         row = store._row  # type: ignore[attr-defined]
 
+        holding: list[bool] = []  # from the warm-up's end: before, the listener may not yet listen
+
         async def held_back(query: str, params: Any) -> Any:
             found = await row(query, params)
-            if query is insert_run:
+            if query is insert_run and holding:
                 with anyio.fail_after(BOUND):
                     await heard.wait()  # the listener judges the NOTIFY first
             return found
@@ -311,6 +313,7 @@ async def test_postgres_a_start_s_notify_judged_before_its_insert_returned_is_no
         async with worker_on(store, registry):
             with anyio.fail_after(BOUND):
                 await chain(client, "warm", 2)  # the listener's first subscription
+                holding.append(True)
                 before, read, rode = claims.started, claims.reads, claims.rides
                 for i in range(10):
                     heard = anyio.Event()
