@@ -136,7 +136,8 @@ class Torture:
     proxy: LosingProxy | None = None
     """PostgreSQL: the workers reach the server through it (``pg_lose``)."""
     disk: Path | None = None
-    """``--disk-full``: the tmpfs that holds the SQLite database, filled now and then."""
+    """``--disk-full``: the tmpfs that holds the database (PostgreSQL: its tablespace),
+    filled now and then."""
     full_until: float | None = None
     """While the disk is full: when the filler goes (monotonic)."""
 
@@ -725,18 +726,16 @@ def database(backend: str, tmp: Path, disk: Path | None = None) -> Iterator[str]
         yield f"sqlite:///{sqlite_file(tmp, disk)}"
         return
     schema = f"torture_{uuid.uuid4().hex[:12]}"
-    try:  # the application name tags this run's connections (terminate_connections)
-        with contextlib.ExitStack() as stack:
-            where = ""
-            if disk is not None:  # the store's tables on a tablespace on the small disk
-                tmp.chmod(0o755)  # for the server's user, on the way to the tablespace
-                name = stack.enter_context(pg_tablespace(PG_SERVER, disk, mount_refused))
-                stack.callback(drop_schema, schema)  # before its tablespace goes
-                where = f"&{tablespace_option(name)}"
-            # the application name last: terminate_connections reads it off the end
-            yield f"{PG_SERVER}?schema={schema}{where}&application_name={schema}"
-    finally:
-        drop_schema(schema)
+    with contextlib.ExitStack() as stack:
+        where = ""
+        if disk is not None:  # the store's tables on a tablespace on the small disk
+            tmp.chmod(0o755)  # for the server's user, on the way to the tablespace
+            name = stack.enter_context(pg_tablespace(PG_SERVER, disk, mount_refused))
+            where = f"&{tablespace_option(name)}"
+        stack.callback(drop_schema, schema)  # dropped first, before any tablespace
+        # the application name tags this run's connections, last: terminate_connections
+        # reads it off the end
+        yield f"{PG_SERVER}?schema={schema}{where}&application_name={schema}"
 
 
 class _Parser(argparse.ArgumentParser):

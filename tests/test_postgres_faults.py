@@ -45,7 +45,7 @@ APP = "durable-deadlock-test"
 """The application name of the deadlock tests' stores: their lock waits, told apart."""
 
 
-def one(conn: Any, query: str, params: tuple[Any, ...] = ()) -> Any:
+def _one(conn: Any, query: str, params: tuple[Any, ...] = ()) -> Any:
     """The one value of a one-row query on a plain (sync) connection."""
     row = conn.execute(query, params).fetchone()
     assert row is not None
@@ -761,10 +761,10 @@ async def test_a_write_refused_by_a_read_only_server_waits_for_a_writable_connec
             async with running_worker(client, registry, concurrency=1, lease=10.0):
                 await entered.wait()
                 read_only(True)
-                began = one(admin, "SELECT now()")
+                began = _one(admin, "SELECT now()")
                 admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                               "WHERE usename = %s", (role,))
-                await poll(lambda: one(  # ended: their FATAL is on the sockets
+                await poll(lambda: _one(  # ended: their FATAL is on the sockets
                     admin, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
                     "AND backend_start < %s", (role, began)) == 0)
                 go.set()

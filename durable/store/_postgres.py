@@ -208,6 +208,11 @@ _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 READ_ONLY = "25006"
 """read_only_sql_transaction: the server is a standby (or was made read-only)."""
 
+_ABORTED = (psycopg.errors.DiskFull, psycopg.errors.DeadlockDetected,
+            psycopg.errors.SerializationFailure, psycopg.errors.ReadOnlySqlTransaction)
+"""Statements the server refuses, aborting their transaction, for a reason that may pass:
+no room, a cycle of waits broken, a server turned read-only (NotSentError)."""
+
 Conn = psycopg.AsyncConnection[DictRow]
 
 
@@ -535,20 +540,14 @@ class PostgresStore(Store):
                 f"server is unreachable, or all {self.pool_size} pooled connections are busy)"
             )
         message = _redact(str(exc), self._secrets)
-        if isinstance(exc, psycopg.errors.DiskFull):
-            # the server refused the statement for want of room: its transaction aborted,
-            # nothing was written (a write may be tried again; docs/design.md, *A full disk*)
-            return NotSentError(f"PostgreSQL at {self.url}: {message}; nothing was written")
-        if isinstance(exc, (psycopg.errors.DeadlockDetected,
-                            psycopg.errors.SerializationFailure)):
-            # the server aborted the transaction to break a cycle of waits: nothing of it
-            # was written, and it may be tried again
-            return NotSentError(f"PostgreSQL at {self.url}: {message}; nothing was written")
-        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
-            # a server that turned read-only (a failover left this connection on a standby):
-            # nothing was written, and the connection is dropped (_drop_if_read_only)
-            return NotSentError(f"PostgreSQL at {self.url}: {message} (the server is "
-                                "read-only: a standby?); nothing was written")
+        if isinstance(exc, _ABORTED):
+            # the server refused the statement and aborted its transaction: nothing was
+            # written, and a write may be tried again (docs/design.md, *A full disk*); a
+            # connection to a server turned read-only is dropped (_drop_if_read_only)
+            standby = (" (the server is read-only: a standby?)"
+                       if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) else "")
+            return NotSentError(
+                f"PostgreSQL at {self.url}: {message}{standby}; nothing was written")
         if isinstance(exc, psycopg.OperationalError) and (
             exc.sqlstate is None
             or exc.sqlstate.startswith("08")
