@@ -24,7 +24,7 @@ from psycopg import sql
 import durable
 from durable import _claims, _worker
 from durable._clock import FakeClock
-from durable._errors import StoreError
+from durable._errors import NotSentError, StoreError
 from durable._retention import prune
 from durable._schedules import ScheduleSpec
 from durable._types import EntryKind, JournalWrite, RunState
@@ -35,7 +35,7 @@ from tests.helpers import poll, running_worker
 from tests.pg import connect_sync, pg_url, postgres_server, split_url
 from tests.pgproxy import LosingProxy, losing_proxy
 from tests.test_claim_rides import steps_registry
-from tests.test_store_contract import claim_one, create, fence, journal_kinds
+from tests.test_store_contract import STEP, claim_one, create, fence, journal_kinds
 
 __all__ = ["pg_url", "postgres_server"]
 
@@ -718,6 +718,42 @@ async def test_runs_of_a_claim_whose_answer_was_lost_are_found_past_a_page_of_ot
     await _claim_answered_never_then_run(pg_url, client, registry, direct)
 
 
+class ReadOnlyRole:
+    """A login role of its own, whose sessions the server can turn read-only as a failover
+    to a standby would (``ALTER ROLE ... SET default_transaction_read_only``, which new
+    sessions take; :meth:`end_sessions` ends the ones open)."""
+
+    def __init__(self, pg_url: str) -> None:
+        self.name = f"durable_ro_{uuid.uuid4().hex[:12]}"
+        self.pg_url = pg_url
+        self.url = pg_url.replace("postgres@", f"{self.name}@", 1)
+        self.admin = psycopg.connect(split_url(pg_url)[0], autocommit=True)
+        self.admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(self.name)))
+        self.admin.execute(sql.SQL("GRANT CREATE ON DATABASE test TO {}").format(
+            sql.Identifier(self.name)))
+
+    def read_only(self, on: bool) -> None:
+        self.admin.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = {}")
+                           .format(sql.Identifier(self.name), sql.SQL("on" if on else "off")))
+
+    async def end_sessions(self) -> None:
+        """End the role's sessions, and wait until they are gone (their FATAL is then on
+        the sockets, where the store's checkout sees it)."""
+        began = _one(self.admin, "SELECT now()")
+        self.admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE usename = %s", (self.name,))
+        await poll(lambda: _one(
+            self.admin, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
+            "AND backend_start < %s", (self.name, began)) == 0)
+
+    def drop(self) -> None:
+        self.admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+            sql.Identifier(split_url(self.pg_url)[1])))
+        self.admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(self.name)))
+        self.admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(self.name)))
+        self.admin.close()
+
+
 async def test_a_write_refused_by_a_read_only_server_waits_for_a_writable_connection(
         pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """A failover can leave a worker's connections on a server that turned read-only (a
@@ -725,18 +761,8 @@ async def test_a_write_refused_by_a_read_only_server_waits_for_a_writable_connec
     so the store raises NotSentError and drops that connection: the attempt's record write
     is tried again while its lease holds, on a new connection, and succeeds once the server
     takes writes again, in the same attempt. Before, the write's error failed the run.
-    Here the server turns read-only for the store's own role (``ALTER ROLE ... SET
-    default_transaction_read_only``, which new sessions take) and its sessions are ended."""
-    role = f"durable_ro_{uuid.uuid4().hex[:12]}"
-    server, _ = split_url(pg_url)
-    admin = psycopg.connect(server, autocommit=True)
-    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    admin.execute(sql.SQL("GRANT CREATE ON DATABASE test TO {}").format(sql.Identifier(role)))
-
-    def read_only(on: bool) -> None:
-        admin.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = {}").format(
-            sql.Identifier(role), sql.SQL("on" if on else "off")))
-
+    Here the server turns read-only for the store's own role and its sessions are ended."""
+    role = ReadOnlyRole(pg_url)
     entered, go = anyio.Event(), anyio.Event()
     registry = durable.Registry()
 
@@ -752,7 +778,7 @@ async def test_a_write_refused_by_a_read_only_server_waits_for_a_writable_connec
         await ctx.set_records({("ro", "one"): 1})
         return "written"
 
-    store = store_from_url(pg_url.replace("postgres@", f"{role}@", 1))
+    store = store_from_url(role.url)
     try:
         await store.open()
         client = durable.Client(store, registry=registry)
@@ -760,28 +786,63 @@ async def test_a_write_refused_by_a_read_only_server_waits_for_a_writable_connec
         with caplog.at_level(logging.INFO, logger="durable"):
             async with running_worker(client, registry, concurrency=1, lease=10.0):
                 await entered.wait()
-                read_only(True)
-                began = _one(admin, "SELECT now()")
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE usename = %s", (role,))
-                await poll(lambda: _one(  # ended: their FATAL is on the sockets
-                    admin, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
-                    "AND backend_start < %s", (role, began)) == 0)
+                role.read_only(True)
+                await role.end_sessions()
                 go.set()
                 await poll(lambda: any(
                     getattr(r, "event", None) == "store_write_not_sent"
                     and "read-only" in r.getMessage() for r in caplog.records), timeout=15)
-                read_only(False)  # new sessions take writes again; the refused one is gone
+                role.read_only(False)  # new sessions take writes again; the refused one gone
                 run = await client.wait("read-only", timeout=15)
         assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, "written", 1), run
         assert await store.get_record("ro", "one") is not None
     finally:
         await store.aclose()
-        admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(split_url(pg_url)[1])))
-        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-        admin.close()
+        role.drop()
+
+
+async def test_a_batch_whose_appends_a_read_only_server_refused_sends_none_of_its_finishes(
+        pg_url: str) -> None:
+    """Group commit sends a batch's appends, then its finishes, on one connection. When the
+    server refuses the appends as read-only, that connection is closed (so the pool opens
+    another, on the new primary): the finishes were never sent, and say so (NotSentError:
+    the attempt tries them again). Before, they were sent on the closed connection and
+    failed as a connection lost, their outcome unknown, to be read back."""
+    role = ReadOnlyRole(pg_url)
+    store = store_from_url(role.url)
+    try:
+        await store.open()
+        for i in range(3):
+            await create(store, f"ro-{i}")
+        held = [await claim_one(store) for _ in range(3)]
+        role.read_only(True)
+        await role.end_sessions()
+        outcomes: dict[int, BaseException | bool] = {}
+
+        async def outcome(i: int, write: Callable[[], Any]) -> None:
+            try:
+                outcomes[i] = await write()
+            except StoreError as exc:
+                outcomes[i] = exc
+
+        batches = store.batches  # type: ignore[attr-defined]
+        async with anyio.create_task_group() as tg:
+            # the first leads alone; the two others queue meanwhile and go as one batch
+            tg.start_soon(outcome, 0, lambda: store.append(fence(held[0]), [STEP]))
+            tg.start_soon(outcome, 1, lambda: store.append(fence(held[1]), [STEP]))
+            tg.start_soon(outcome, 2, lambda: store.finish(fence(held[2]),
+                                                           RunState.COMPLETED, result=1))
+        assert store.batches - batches == 2  # type: ignore[attr-defined]
+        for i in range(3):
+            assert isinstance(outcomes[i], NotSentError), (i, outcomes[i])
+            assert "read-only" in str(outcomes[i])
+        role.read_only(False)
+        for run in held:
+            assert (await store.get_run(run.id)).state is RunState.RUNNING  # type: ignore[union-attr]
+            assert await journal_kinds(store, run.id) == ["run_created", "run_claimed"]
+    finally:
+        await store.aclose()
+        role.drop()
 
 
 async def test_runs_writing_the_same_records_in_opposite_orders_do_not_deadlock(

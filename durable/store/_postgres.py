@@ -940,7 +940,13 @@ class PostgresStore(Store):
             conn = await self._checkout(pool)
             try:
                 for group in (appends, finishes):
-                    if group:
+                    refused = appends[0].error if appends else None
+                    if group and conn.closed and isinstance(refused, NotSentError):
+                        # the appends' read-only refusal closed it (_drop_if_read_only):
+                        # the finishes were not sent, and would be refused the same way
+                        for write in group:
+                            write.error = NotSentError(str(refused))
+                    elif group:
                         await self._send(conn, group)
             except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
                 raise self._translate(exc) from exc
