@@ -7,7 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -71,12 +71,13 @@ def kinds(entries: list[durable.JournalEntry]) -> list[str]:
 
 
 @contextmanager
-def python_process(args: list[str], log: Path, *,
-                   env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def python_process(args: list[str], log: Path, *, env: Mapping[str, str] | None = None,
+                   prefix: Sequence[str] = ()) -> Iterator[subprocess.Popen[bytes]]:
     """``python ARGS`` in a session of its own, output appended to ``log`` (never a pipe
-    nobody reads); its whole process group is SIGKILLed at exit if still running."""
+    nobody reads); its whole process group is SIGKILLed at exit if still running.
+    ``prefix``: a command that runs it (``ip netns exec NAME``: on another host)."""
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT,
+        proc = subprocess.Popen([*prefix, sys.executable, *args], cwd=ROOT,
                                 env=dict(env) if env is not None else subprocess_env(),
                                 start_new_session=True, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT)

@@ -25,8 +25,10 @@ CHUNK = 65536
 
 
 class LosingProxy:
-    def __init__(self, server: str, tg: TaskGroup) -> None:
+    def __init__(self, server: str, tg: TaskGroup, host: str = "127.0.0.1") -> None:
         parts = urlsplit(server)
+        self.host = host
+        """The address it listens on (another network namespace reaches it on a veth's)."""
         self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
         self._tg = tg
         self.port = 0
@@ -44,7 +46,7 @@ class LosingProxy:
         parts = urlsplit(store_url)
         netloc = parts.netloc.rpartition("@")
         userinfo = netloc[0] + "@" if netloc[1] else ""
-        return urlunsplit(parts._replace(netloc=f"{userinfo}127.0.0.1:{self.port}"))
+        return urlunsplit(parts._replace(netloc=f"{userinfo}{self.host}:{self.port}"))
 
     def lose_answer_to(self, marker: str) -> None:
         """Withhold the answer to the next request that carries ``marker`` (once)."""
@@ -63,7 +65,7 @@ class LosingProxy:
         self._then = None
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        listener = await anyio.create_tcp_listener(local_host=self.host)
         self.port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
         task_status.started()
         async with listener:
@@ -117,10 +119,11 @@ class LosingProxy:
 
 
 @asynccontextmanager
-async def losing_proxy(server: str) -> AsyncIterator[LosingProxy]:
-    """A :class:`LosingProxy` to ``server`` (a ``postgresql://`` URL) for the block."""
+async def losing_proxy(server: str, host: str = "127.0.0.1") -> AsyncIterator[LosingProxy]:
+    """A :class:`LosingProxy` to ``server`` (a ``postgresql://`` URL), listening on
+    ``host``, for the block."""
     async with anyio.create_task_group() as tg:
-        proxy = LosingProxy(server, tg)
+        proxy = LosingProxy(server, tg, host)
         await tg.start(proxy.serve)
         try:
             yield proxy

@@ -185,8 +185,19 @@ POOL_TIMEOUT = 10.0
 
 STATEMENT_TIMEOUT = 30.0
 """Seconds any statement may run (``statement_timeout`` of every connection): a statement
-waiting on a lock, or a server that stopped answering a query, fails as a StoreError
-instead of hanging its caller. One default lease: a write that takes longer is pointless."""
+waiting on a lock, or a server busy with it, fails as a StoreError instead of hanging its
+caller (a server that cannot be reached at all: :data:`DEAD_PEER`). One default lease: a
+write that takes longer is pointless."""
+
+DEAD_PEER = {"tcp_user_timeout": 10_000, "keepalives": 1, "keepalives_idle": 5,
+             "keepalives_interval": 2, "keepalives_count": 3}
+"""libpq's TCP settings of every connection, unless the URL sets them: a server that
+vanished (its host dead, the network cut: packets dropped, nothing refused) closes the
+connection within about 10 s of a request it never acknowledged (``tcp_user_timeout``, in
+milliseconds, Linux) or of silence while an answer is awaited (keepalives), instead of the
+kernel's ~15 minutes of retransmissions: a claim, renewal or write sent then fails as a
+connection lost, and a worker's shutdown is not held up by it (docs/postgres.md,
+*A network cut*). ``statement_timeout`` cannot do it: the server enforces it."""
 
 TRIO_MESSAGE = (
     "the PostgreSQL store runs on asyncio only (psycopg's async driver needs an asyncio "
@@ -1638,6 +1649,9 @@ def _parse_url(url: str, statement_timeout: float = STATEMENT_TIMEOUT
     }
     if not params.get("connect_timeout"):
         extra["connect_timeout"] = 10
+    for setting, default in DEAD_PEER.items():  # the URL's own win
+        if not params.get(setting):
+            extra[setting] = default
     if not params.get("application_name"):
         extra["application_name"] = "durable"
     return make_conninfo(stripped, **extra), schema, shown, hidden
