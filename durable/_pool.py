@@ -19,6 +19,13 @@ Connections to an IP address are opened with one non-blocking socket
 (:class:`_DirectBackend`) instead of anyio's ``connect_tcp`` (happy eyeballs: a task group
 and a task per address): 95 ms instead of 237 ms for 1,000 loopback connects. Host names,
 local addresses and socket options keep httpcore's own connect.
+
+A connection closed while bytes written to it are not yet acknowledged by the peer (a
+request aborted by a cancel, a step's timeout or a lost lease while it was still on its way:
+the network stalled, the service not reading) is closed with a reset, which discards them
+(:func:`_close_socket`). A plain close leaves them to the kernel, which goes on sending them,
+and the request would reach the service complete, seconds or minutes after the attempt that
+sent it was gone. Linux only (``SIOCOUTQ``); elsewhere a plain close.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import ipaddress
 import os
 import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -106,6 +114,66 @@ class _Released(httpx.AsyncByteStream):
             self._release()
 
 
+try:
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ on a TCP socket (Linux)
+except (ImportError, AttributeError):  # pragma: no cover - not Linux
+    _OUTQ = None
+
+_RESET = struct.pack("ii", 1, 0)
+"""SO_LINGER on, for 0 s: close() sends a reset and drops what is still queued."""
+
+
+def _unacknowledged(sock: socket.socket) -> int:
+    """Bytes written to ``sock`` that its peer has not acknowledged (unsent or in flight);
+    0 where the kernel cannot tell (not Linux, a closed socket)."""
+    if _OUTQ is None:
+        return 0
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0" * 4))[0])
+    except (OSError, ValueError):
+        return 0
+
+
+def _close_socket(sock: socket.socket | None) -> None:
+    """Before a connection closes: a reset instead of a close if the peer has not
+    acknowledged all that was written (the module's docstring)."""
+    if sock is not None and _unacknowledged(sock):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        except OSError:  # already closed or reset: nothing queued to drop
+            pass
+
+
+class _Resetting(httpcore.AsyncNetworkStream):
+    """A stream of httpcore's own connect (or a TLS stream over one of ours) that closes
+    as :func:`_close_socket` says."""
+
+    def __init__(self, stream: httpcore.AsyncNetworkStream, sock: socket.socket | None
+                 ) -> None:
+        self._stream, self._sock = stream, sock
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return await self._stream.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        await self._stream.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        _close_socket(self._sock)
+        await self._stream.aclose()
+
+    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+        tls = await self._stream.start_tls(ssl_context, server_hostname, timeout)
+        return _Resetting(tls, self._sock)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
 if _AnyIOStream is not None:
     class _Direct(_AnyIOStream):  # type: ignore[misc]
         """httpcore's stream over a socket of ours, answering "is this idle connection
@@ -124,6 +192,16 @@ if _AnyIOStream is not None:
                 return self._sock
             return super().get_extra_info(info)
 
+        async def aclose(self) -> None:
+            _close_socket(self._sock)
+            await super().aclose()
+
+        async def start_tls(self, ssl_context: ssl.SSLContext,
+                            server_hostname: str | None = None,
+                            timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+            tls = await super().start_tls(ssl_context, server_hostname, timeout)
+            return _Resetting(tls, self._sock)
+
 
 class _DirectBackend(httpcore.AsyncNetworkBackend):
     """httpcore's anyio backend, with a direct connect for an IP address."""
@@ -141,8 +219,9 @@ class _DirectBackend(httpcore.AsyncNetworkBackend):
         except ValueError:
             family = None
         if family is None or local_address or socket_options or _AnyIOStream is None:
-            return await self._default.connect_tcp(host, port, timeout, local_address,
-                                                   socket_options)
+            own = await self._default.connect_tcp(host, port, timeout, local_address,
+                                                  socket_options)
+            return _Resetting(own, own.get_extra_info("socket"))
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)

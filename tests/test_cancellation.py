@@ -7,6 +7,7 @@ the cancelled await, nor any later step, may run.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -281,3 +282,93 @@ async def test_a_finished_run_is_not_reported_as_a_lost_lease(
     events = [e["event"] for e in logs]
     assert "run_completed" in events
     assert "lease_lost" not in events and "attempt_stopping" not in events
+
+
+def _tcp_queues(local: tuple[str, int]) -> tuple[int, int] | None:
+    """(tx_queue, rx_queue) of the IPv4 TCP socket bound to ``local`` (the first: not for a
+    listener's address), from /proc/net/tcp: bytes the kernel holds that the peer has not
+    acknowledged, and bytes received not yet read; None if no such socket (closed,
+    reset)."""
+    address = f"{int.from_bytes(socket.inet_aton(local[0]), 'little'):08X}:{local[1]:04X}"
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == address:
+                tx, rx = fields[4].split(":")
+                return int(tx, 16), int(rx, 16)
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="Linux: /proc/net/tcp")
+async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_later(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """A request the service has not taken in yet (it reads nothing: its receive window is
+    shut) lies whole in the worker's kernel when the operator cancels the run. The cancel
+    aborts the call, and the connection is closed with a reset, which drops those bytes.
+    Before, a plain close left them to the kernel, which went on sending them: once the
+    service read again, it got the complete request (a DELETE, after its run was cancelled)
+    and the end of the stream after it, as from any request."""
+    body = b"x" * 65536
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's least
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/volumes/v1"
+    entered = anyio.Event()
+
+    @durable.activity(registry=registry)
+    async def delete_volume(ctx: durable.ActivityContext) -> None:
+        entered.set()
+        await ctx.http.request("DELETE", url, content=body)
+
+    @durable.workflow("teardown", registry=registry)
+    async def teardown(ctx: durable.WorkflowContext) -> None:
+        await delete_volume(ctx)
+
+    received = bytearray()
+    with listener:
+        async with running_worker(client, registry):
+            await client.start("teardown", id="t-reset")
+            await entered.wait()
+            await anyio.wait_readable(listener)
+            conn, peer = listener.accept()
+            with conn:
+                conn.setblocking(False)
+
+                def whole_request_sent() -> bool:
+                    """The service holds the headers and part of the body; the worker's
+                    kernel, the rest: all of it is on its way."""
+                    queues = _tcp_queues(peer)
+                    try:
+                        head = conn.recv(65536, socket.MSG_PEEK)
+                    except BlockingIOError:  # nothing arrived yet
+                        return False
+                    if queues is None or b"\r\n\r\n" not in head:
+                        return False
+                    total = head.index(b"\r\n\r\n") + 4 + len(body)
+                    return queues[0] > 0 and queues[0] + len(head) == total
+
+                await poll(whole_request_sent)
+                total = conn.recv(65536, socket.MSG_PEEK).index(b"\r\n\r\n") + 4 + len(body)
+                await client.cancel("t-reset")
+                run = await client.wait("t-reset", timeout=10)
+                assert run.state is RunState.CANCELLED
+                try:  # reset: the worker's kernel holds nothing more of it to send
+                    await poll(lambda: _tcp_queues(peer) is None, timeout=5)
+                except TimeoutError:
+                    pytest.fail(f"the worker's kernel still holds {_tcp_queues(peer)} bytes "
+                                "(unacknowledged, received) of the cancelled request, and "
+                                "goes on sending them as the service reads")
+                ended = "open"
+                with anyio.fail_after(10):
+                    while ended == "open":
+                        await anyio.wait_readable(conn)
+                        try:
+                            data = conn.recv(65536)
+                        except ConnectionResetError:
+                            ended = "reset"
+                        else:
+                            received += data
+                            ended = "open" if data else "end of stream"
+    assert (ended, len(received) < total) == ("reset", True), (ended, len(received), total)
