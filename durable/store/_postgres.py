@@ -1307,11 +1307,10 @@ class PostgresStore(Store):
 
     async def _subscribe(self, channel: str = CHANNEL) -> psycopg.AsyncConnection[Any] | None:
         try:
-            # TCP keepalives turn a silently dead listening connection into an error, so
-            # waiting falls back to polling and the next call subscribes again.
-            conn = await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, keepalives=1, keepalives_idle=30,
-                keepalives_interval=10, keepalives_count=3)
+            # the store's TCP settings (DEAD_PEER: keepalives) turn a silently dead
+            # listening connection into an error within about 11 s, so waiting falls back
+            # to polling and the next call subscribes again
+            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
         except psycopg.Error:
             return None
         try:
