@@ -207,6 +207,26 @@ def test_an_unreachable_postgresql_server_is_named_by_host_and_port() -> None:
     assert "pw-secret" not in result.stderr
 
 
+@pytest.mark.parametrize(("option", "value"), [
+    ("tcp_user_timeout", "abc"), ("keepalives", "maybe"), ("connect_timeout", "10s"),
+    ("keepalives_count", "1.5"),
+])
+def test_a_postgresql_url_option_that_is_not_a_number_is_a_mistake_not_an_outage(
+        option: str, value: str) -> None:
+    """libpq reads its whole-number options only when it connects, and its refusal came out
+    as "cannot reach PostgreSQL", as if the server were down. The store checks them first:
+    the URL is malformed, and nothing is tried. (The server is never asked: the host is
+    one nobody resolves.)"""
+    pytest.importorskip("psycopg")
+    url = f"postgresql://nobody:pw-secret@db.invalid:5432/x?{option}={value}"
+    result = cli("list", db=url)
+    assert result.returncode == 2
+    assert_one_line_error(result, f"malformed PostgreSQL URL postgresql://nobody:***@"
+                                  f"db.invalid:5432/x?{option}={value}: {option} must be a "
+                                  f"whole number, not {value!r}")
+    assert "pw-secret" not in result.stderr
+
+
 @pytest.mark.parametrize(("args", "says"), [
     ((), "missing a required argument: 'name'"),
     (('"a"', '"b"'), "too many positional arguments"),

@@ -1597,6 +1597,13 @@ def _alive(conn: Conn) -> bool:
     return bool(pgconn.status == psycopg.pq.ConnStatus.OK)
 
 
+_WHOLE_NUMBERS = ("connect_timeout", *DEAD_PEER)
+"""libpq's options that take a whole number, which it reads only when it connects (and
+then refuses as a connection failure): checked with the URL, a mistake, not an outage."""
+
+_WHOLE_NUMBER = re.compile(r"\s*[-+]?\d+\s*")
+
+
 def _parse_url(url: str, statement_timeout: float = STATEMENT_TIMEOUT
                ) -> tuple[str, str, str, tuple[str, ...]]:
     """(libpq conninfo, schema, URL safe to show, secrets to hide) from a postgresql:// URL.
@@ -1639,6 +1646,11 @@ def _parse_url(url: str, statement_timeout: float = STATEMENT_TIMEOUT
     except psycopg.Error as exc:
         raise ConfigError(
             f"malformed PostgreSQL URL {shown}: {_redact(str(exc), hidden)}") from exc
+    for name in _WHOLE_NUMBERS:
+        given = params.get(name)
+        if given and not _WHOLE_NUMBER.fullmatch(str(given)):
+            raise ConfigError(f"malformed PostgreSQL URL {shown}: {name} must be a whole "
+                              f"number, not {given!r}")
     settings = f"-c search_path={schema}"
     if "statement_timeout" not in str(params.get("options") or ""):  # the URL's own wins
         settings += f" -c statement_timeout={max(1, round(statement_timeout * 1000))}"
