@@ -86,3 +86,18 @@ def test_every_connection_gives_up_on_a_silent_server_unless_the_url_says_otherw
         f"{URL}?tcp_user_timeout=30000&keepalives=0")._conninfo)
     assert (own["tcp_user_timeout"], own["keepalives"], own["keepalives_idle"]) == (
         "30000", "0", "5")
+
+
+@pytest.mark.anyio
+async def test_the_listening_connection_gives_up_on_a_silent_server_too(pg_url: str) -> None:
+    """The LISTEN connection, which waits in silence for notifications, takes the same
+    settings (it had keepalives of its own, failing within about a minute)."""
+    store = store_from_url(pg_url)
+    await store.open()
+    try:
+        await store.wait_for_work(5)  # the first call subscribes and returns at once
+        listener = store._listener  # type: ignore[attr-defined]
+        settings = conninfo_to_dict(listener.info.dsn)
+        assert {k: settings[k] for k in DEAD_PEER} == {k: str(v) for k, v in DEAD_PEER.items()}
+    finally:
+        await store.aclose()
