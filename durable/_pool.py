@@ -23,9 +23,9 @@ local addresses and socket options keep httpcore's own connect.
 A connection closed while bytes written to it are not yet acknowledged by the peer (a
 request aborted by a cancel, a step's timeout or a lost lease while it was still on its way:
 the network stalled, the service not reading) is closed with a reset, which discards them
-(:func:`_close_socket`). A plain close leaves them to the kernel, which goes on sending them,
-and the request would reach the service complete, seconds or minutes after the attempt that
-sent it was gone. Linux only (``SIOCOUTQ``); elsewhere a plain close.
+(:func:`_reset_if_unacknowledged`). A plain close leaves them to the kernel, which goes on
+sending them, and the request would reach the service complete, seconds or minutes after
+the attempt that sent it was gone. Linux only (``SIOCOUTQ``); elsewhere a plain close.
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def _unacknowledged(sock: socket.socket) -> int:
         return 0
 
 
-def _close_socket(sock: socket.socket | None) -> None:
-    """Before a connection closes: a reset instead of a close if the peer has not
+def _reset_if_unacknowledged(sock: socket.socket | None) -> None:
+    """Called just before a connection closes: makes the close a reset if the peer has not
     acknowledged all that was written (the module's docstring)."""
     if sock is not None and _unacknowledged(sock):
         try:
@@ -149,7 +149,7 @@ def _close_socket(sock: socket.socket | None) -> None:
 
 class _Resetting(httpcore.AsyncNetworkStream):
     """A stream of httpcore's own connect (or a TLS stream over one of ours) that closes
-    as :func:`_close_socket` says."""
+    as :func:`_reset_if_unacknowledged` says."""
 
     def __init__(self, stream: httpcore.AsyncNetworkStream, sock: socket.socket | None
                  ) -> None:
@@ -162,7 +162,7 @@ class _Resetting(httpcore.AsyncNetworkStream):
         await self._stream.write(buffer, timeout)
 
     async def aclose(self) -> None:
-        _close_socket(self._sock)
+        _reset_if_unacknowledged(self._sock)
         await self._stream.aclose()
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
@@ -193,7 +193,7 @@ if _AnyIOStream is not None:
             return super().get_extra_info(info)
 
         async def aclose(self) -> None:
-            _close_socket(self._sock)
+            _reset_if_unacknowledged(self._sock)
             await super().aclose()
 
         async def start_tls(self, ssl_context: ssl.SSLContext,

@@ -336,21 +336,21 @@ async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_la
             with conn:
                 conn.setblocking(False)
 
-                def whole_request_sent() -> bool:
-                    """The service holds the headers and part of the body; the worker's
-                    kernel, the rest: all of it is on its way."""
+                def whole_request_sent() -> int:
+                    """The request's length once the service holds the headers and part of
+                    the body and the worker's kernel the rest (all of it on its way), else
+                    0."""
                     queues = _tcp_queues(peer)
                     try:
                         head = conn.recv(65536, socket.MSG_PEEK)
                     except BlockingIOError:  # nothing arrived yet
-                        return False
+                        return 0
                     if queues is None or b"\r\n\r\n" not in head:
-                        return False
+                        return 0
                     total = head.index(b"\r\n\r\n") + 4 + len(body)
-                    return queues[0] > 0 and queues[0] + len(head) == total
+                    return total if queues[0] > 0 and queues[0] + len(head) == total else 0
 
-                await poll(whole_request_sent)
-                total = conn.recv(65536, socket.MSG_PEEK).index(b"\r\n\r\n") + 4 + len(body)
+                total = await poll(whole_request_sent)
                 await client.cancel("t-reset")
                 run = await client.wait("t-reset", timeout=10)
                 assert run.state is RunState.CANCELLED
