@@ -4,7 +4,10 @@ Each command runs in a process group of its own. When the awaiting scope is canc
 (a deadline, a lost lease), the whole group is SIGKILLed and reaped before the
 cancellation goes on: git, and whatever git started (``git-receive-pack`` and hooks on a
 local push, ``ssh``, ``git-remote-https``), stop. A push abandoned by its caller does not
-carry on in the background.
+carry on in the background, and its connections that still hold unsent or unacknowledged
+bytes are reset, not closed (:func:`durable.abort_process_group`): a push request lying
+whole in the kernel's send queue (the remote slow to read it) is dropped, where a plain
+kill left the kernel to deliver it after the cancel.
 
 A force push only happens with a lease: :func:`force_push_with_lease` names the commit
 the remote ref must still be at, and raises :class:`StaleLeaseError` if it moved. Retrying
@@ -18,13 +21,14 @@ from __future__ import annotations
 
 import enum
 import os
-import signal
 import subprocess
 from collections.abc import Mapping
 
 import anyio
 import attrs
 from anyio.abc import ByteReceiveStream
+
+import durable
 
 from .errors import redact_url
 
@@ -111,13 +115,6 @@ async def _drain(stream: ByteReceiveStream, into: bytearray) -> None:
         into.extend(chunk)
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 async def run_git(
     *args: str,
     cwd: StrPath | None = None,
@@ -126,7 +123,8 @@ async def run_git(
 ) -> GitOutput:
     """Run ``git *args``; raises :class:`GitError` on a non-zero exit if ``check``.
 
-    Cancellation kills git's whole process group, then waits (shielded, bounded) for it.
+    Cancellation kills git's whole process group (resetting its connections that still
+    have bytes on their way), then waits (shielded, bounded) for it.
     """
     command = ("git", *args)
     full_env = {**os.environ, **_BASE_ENV, **(env or {})}
@@ -145,7 +143,7 @@ async def run_git(
             tg.start_soon(_drain, process.stderr, stderr)
             await process.wait()
     except BaseException:
-        _kill_group(process.pid)
+        await durable.abort_process_group(process.pid)  # shielded: it runs when cancelled
         raise
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):

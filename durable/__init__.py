@@ -56,6 +56,7 @@ from ._retention import PrunedRun as PrunedRun
 from ._schedules import Schedule as Schedule
 from ._schedules import ScheduleSpec as ScheduleSpec
 from ._schedules import schedule as schedule
+from ._sockets import abort_process_group as abort_process_group
 from ._types import EntryKind as EntryKind
 from ._types import JournalEntry as JournalEntry
 from ._types import Run as Run
@@ -118,6 +119,7 @@ __all__ = [
     "Worker",
     "Workflow",
     "WorkflowContext",
+    "abort_process_group",
     "activity",
     "approval_gate",
     "configure_logging",

@@ -23,7 +23,7 @@ local addresses and socket options keep httpcore's own connect.
 A connection closed while bytes written to it are not yet acknowledged by the peer (a
 request aborted by a cancel, a step's timeout or a lost lease while it was still on its way:
 the network stalled, the service not reading) is closed with a reset, which discards them
-(:func:`_reset_if_unacknowledged`). A plain close leaves them to the kernel, which goes on
+(``durable/_sockets.py``). A plain close leaves them to the kernel, which goes on
 sending them, and the request would reach the service complete, seconds or minutes after
 the attempt that sent it was gone. Linux only (``SIOCOUTQ``); elsewhere a plain close.
 """
@@ -35,7 +35,6 @@ import ipaddress
 import os
 import socket
 import ssl
-import struct
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -45,6 +44,7 @@ import httpcore
 import httpx
 
 from ._logging import get_logger, redact
+from ._sockets import reset_if_unacknowledged
 
 _AnyIOStream: Any
 try:  # httpcore's wrapper of an anyio stream (reads, writes, TLS upgrade, extra info)
@@ -114,42 +114,9 @@ class _Released(httpx.AsyncByteStream):
             self._release()
 
 
-try:
-    import fcntl
-    import termios
-
-    _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ on a TCP socket (Linux)
-except (ImportError, AttributeError):  # pragma: no cover - not Linux
-    _OUTQ = None
-
-_RESET = struct.pack("ii", 1, 0)
-"""SO_LINGER on, for 0 s: close() sends a reset and drops what is still queued."""
-
-
-def _unacknowledged(sock: socket.socket) -> int:
-    """Bytes written to ``sock`` that its peer has not acknowledged (unsent or in flight);
-    0 where the kernel cannot tell (not Linux, a closed socket)."""
-    if _OUTQ is None:
-        return 0
-    try:
-        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0" * 4))[0])
-    except (OSError, ValueError):
-        return 0
-
-
-def _reset_if_unacknowledged(sock: socket.socket | None) -> None:
-    """Called just before a connection closes: makes the close a reset if the peer has not
-    acknowledged all that was written (the module's docstring)."""
-    if sock is not None and _unacknowledged(sock):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
-        except OSError:  # already closed or reset: nothing queued to drop
-            pass
-
-
 class _Resetting(httpcore.AsyncNetworkStream):
     """A stream of httpcore's own connect (or a TLS stream over one of ours) that closes
-    as :func:`_reset_if_unacknowledged` says."""
+    as :func:`reset_if_unacknowledged` says."""
 
     def __init__(self, stream: httpcore.AsyncNetworkStream, sock: socket.socket | None
                  ) -> None:
@@ -162,7 +129,7 @@ class _Resetting(httpcore.AsyncNetworkStream):
         await self._stream.write(buffer, timeout)
 
     async def aclose(self) -> None:
-        _reset_if_unacknowledged(self._sock)
+        reset_if_unacknowledged(self._sock)
         await self._stream.aclose()
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
@@ -193,7 +160,7 @@ if _AnyIOStream is not None:
             return super().get_extra_info(info)
 
         async def aclose(self) -> None:
-            _reset_if_unacknowledged(self._sock)
+            reset_if_unacknowledged(self._sock)
             await super().aclose()
 
         async def start_tls(self, ssl_context: ssl.SSLContext,

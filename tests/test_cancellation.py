@@ -7,7 +7,9 @@ the cancelled await, nor any later step, may run.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -15,11 +17,13 @@ import anyio
 import pytest
 
 import durable
+from activities import git
 from durable import RunState
 from durable._attempt import Attempt
 from durable._types import JSON, EntryKind, Fence, Renewal
 from durable.store._sqlite import SqliteStore
 
+from .githttp import git_http_server
 from .helpers import kinds, poll, running_worker
 from .httpserver import Rule, loopback_server
 
@@ -284,16 +288,21 @@ async def test_a_finished_run_is_not_reported_as_a_lost_lease(
     assert "lease_lost" not in events and "attempt_stopping" not in events
 
 
-def _tcp_queues(local: tuple[str, int]) -> tuple[int, int] | None:
-    """(tx_queue, rx_queue) of the IPv4 TCP socket bound to ``local`` (the first: not for a
-    listener's address), from /proc/net/tcp: bytes the kernel holds that the peer has not
-    acknowledged, and bytes received not yet read; None if no such socket (closed,
-    reset)."""
-    address = f"{int.from_bytes(socket.inet_aton(local[0]), 'little'):08X}:{local[1]:04X}"
+def _tcp_address(address: tuple[str, int]) -> str:
+    return f"{int.from_bytes(socket.inet_aton(address[0]), 'little'):08X}:{address[1]:04X}"
+
+
+def _tcp_queues(local: tuple[str, int], remote: tuple[str, int] | None = None
+                ) -> tuple[int, int] | None:
+    """(tx_queue, rx_queue) of the IPv4 TCP socket bound to ``local`` (the first, or the one
+    connected to ``remote``: a listener's address is shared), from /proc/net/tcp: bytes the
+    kernel holds that the peer has not acknowledged, and bytes received not yet read; None
+    if no such socket (closed, reset)."""
+    wanted = (_tcp_address(local), None if remote is None else _tcp_address(remote))
     with open("/proc/net/tcp") as table:
         for line in table.readlines()[1:]:
             fields = line.split()
-            if fields[1] == address:
+            if fields[1] == wanted[0] and wanted[1] in (None, fields[2]):
                 tx, rx = fields[4].split(":")
                 return int(tx, 16), int(rx, 16)
     return None
@@ -372,3 +381,74 @@ async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_la
                             received += data
                             ended = "open" if data else "end of stream"
     assert (ended, len(received) < total) == ("reset", True), (ended, len(received), total)
+
+
+def _git(*args: str, cwd: Path) -> str:
+    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+                "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
+    return subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **identity},
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="Linux: /proc/net/tcp")
+async def test_a_cancelled_force_push_still_on_its_way_never_lands(
+        client: durable.Client, registry: durable.Registry, tmp_path: Path) -> None:
+    """The promise-race incident's force push, over git's smart HTTP protocol: the remote
+    takes the push request's head and reads no more (its receive window shut), so the rest
+    lies in the pushing side's kernel when the operator cancels the run. The cancel kills
+    git's process group; its connection is reset first (:func:`durable.abort_process_group`),
+    which drops those bytes. Before, SIGKILL closed it like any close, the kernel went on
+    sending, and once the remote read again it got the whole push and moved the branch,
+    after the run was cancelled."""
+    with git_http_server(tmp_path / "remote") as remote:
+        url = remote.repository("slot.git")
+        work = tmp_path / "work"
+        _git("init", "--quiet", "-b", "main", str(work), cwd=tmp_path)
+        (work / "README").write_text("template\n")
+        _git("add", "--all", cwd=work)
+        _git("commit", "--quiet", "-m", "template", cwd=work)
+        before = _git("rev-parse", "HEAD", cwd=work)
+        _git("push", "--quiet", url, "HEAD:refs/heads/main", cwd=work)
+        assert remote.outcomes == ["complete"]  # the rig: a push lands
+        (work / "data").write_bytes(os.urandom(65536))  # more than the remote takes in
+        _git("add", "--all", cwd=work)
+        _git("commit", "--quiet", "-m", "slot content", cwd=work)
+        after = _git("rev-parse", "HEAD", cwd=work)
+        remote.hold_pushes = True
+
+        @durable.activity(registry=registry)
+        async def force_push(ctx: durable.ActivityContext) -> None:
+            await git.force_push_with_lease(work, url, "main", expected_sha=before, src=after)
+
+        @durable.workflow("reset", registry=registry)
+        async def reset(ctx: durable.WorkflowContext) -> None:
+            await force_push(ctx)
+
+        async with running_worker(client, registry):
+            await client.start("reset", id="r-push")
+            await poll(lambda: remote.held)
+            [held] = remote.held
+            server = ("127.0.0.1", int(url.split(":")[-1].split("/")[0]))
+
+            def whole_push_sent() -> bool:
+                """The pushing side's kernel holds part of the body (unacknowledged) and
+                the remote's the rest (received, unread): git has written it all."""
+                sending = _tcp_queues(held.peer)
+                receiving = _tcp_queues(server, held.peer)
+                return (sending is not None and receiving is not None and sending[0] > 0
+                        and sending[0] + receiving[1] == held.length)
+
+            await poll(whole_push_sent)
+            await client.cancel("r-push")
+            run = await client.wait("r-push", timeout=10)
+            assert run.state is RunState.CANCELLED
+            try:
+                await poll(lambda: _tcp_queues(held.peer) is None, timeout=5)
+            except TimeoutError:
+                pytest.fail(f"the killed git's connection still holds {_tcp_queues(held.peer)}"
+                            " bytes (unacknowledged, received) of the cancelled push, and "
+                            "its kernel goes on sending them as the remote reads")
+            remote.release.set()
+            await poll(lambda: len(remote.outcomes) == 2, timeout=10)
+    assert remote.outcomes[1] == "reset"
+    assert _git("rev-parse", "main", cwd=tmp_path / "remote" / "slot.git") == before

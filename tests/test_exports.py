@@ -27,12 +27,14 @@ PUBLIC = [
     "ScheduleSpec", "SchemaVersionError", "SignalTimeout", "StaleRecordError",
     "StepInDoubtError", "StepState",
     "Store", "StoreError", "StoreUnavailableError", "UnknownWorkflowError", "WallClock",
-    "Worker", "Workflow", "WorkflowContext", "activity", "approval_gate",
+    "Worker", "Workflow", "WorkflowContext", "abort_process_group", "activity",
+    "approval_gate",
     "configure_logging",
     "default_registry", "schedule", "store_from_url", "workflow",
 ]
 """Exactly what users need: declaring, starting, running and inspecting workflows, the
-errors, the headers a fenced service reads, and the store to connect to."""
+errors, the headers a fenced service reads, the store to connect to, and the kill of an
+activity's subprocesses that drops what they still had on its way."""
 
 STORE_PUBLIC = ["SCHEMA_VERSION", "Cursor", "Fence", "JournalWrite", "NewRun", "Record",
                 "Renewal", "Signal", "SignalSent", "Store", "store_from_url"]
