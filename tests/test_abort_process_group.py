@@ -1,0 +1,120 @@
+"""durable.abort_process_group: a killed program's requests still on their way are dropped.
+
+A real process group (a shell and the Python program it started, a grandchild of the test)
+holds two loopback connections: on one it wrote 64 KiB that the service has not taken in
+(its receive window shut), on the other a few bytes the service read. The abort resets the
+first (the service gets a reset, never the whole request) and closes the second as usual (a
+FIN: nothing was outstanding), and the group is dead.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+import durable
+
+from .helpers import poll
+
+pytestmark = [pytest.mark.anyio,
+              pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="Linux")]
+
+REQUEST = 65536
+
+PROGRAM = """
+import socket, sys, time
+stuck = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+idle = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+idle.sendall(b"hello")
+stuck.sendall(b"x" * {length})
+print(stuck.getsockname()[1], idle.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+def _tcp_queues(port: int) -> tuple[int, int] | None:
+    """(unacknowledged, received unread) of the loopback socket bound to ``port``."""
+    address = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == address:
+                tx, rx = fields[4].split(":")
+                return int(tx, 16), int(rx, 16)
+    return None
+
+
+def _listener(small: bool) -> socket.socket:
+    listener = socket.socket()
+    if small:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's least
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener
+
+
+async def _end(conn: socket.socket, length: int) -> tuple[str, int]:
+    """Read ``conn`` to its end: ("reset" or "end of stream", bytes received)."""
+    received = 0
+    conn.setblocking(False)
+    with anyio.fail_after(10):
+        while True:
+            await anyio.wait_readable(conn)
+            try:
+                data = conn.recv(length)
+            except ConnectionResetError:
+                return "reset", received
+            if not data:
+                return "end of stream", received
+            received += len(data)
+
+
+async def test_the_group_is_killed_and_only_its_connections_with_bytes_on_their_way_reset(
+        tmp_path: Path) -> None:
+    script = tmp_path / "client.py"
+    script.write_text(PROGRAM.replace("{length}", str(REQUEST)))
+    with _listener(small=True) as service, _listener(small=False) as other:
+        # the shell starts the program and waits: the sockets are a grandchild's
+        process = await anyio.open_process(
+            ["sh", "-c", f'"{sys.executable}" "{script}" {service.getsockname()[1]} '
+                         f'{other.getsockname()[1]} & wait'],
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        async with process:
+            stuck, _ = service.accept()
+            idle, _ = other.accept()
+            with stuck, idle:
+                assert idle.recv(5) == b"hello"
+                assert process.stdout is not None
+                ports = (await process.stdout.receive()).split()
+                stuck_port, idle_port = int(ports[0]), int(ports[1])
+                # the whole request is written: part taken in by the service's kernel,
+                # the rest unacknowledged in the program's
+                def whole_request_written() -> bool:
+                    queues = _tcp_queues(stuck_port)
+                    try:
+                        taken = len(stuck.recv(REQUEST, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+                    except BlockingIOError:
+                        taken = 0
+                    return queues is not None and queues[0] > 0 and queues[0] + taken == REQUEST
+
+                await poll(whole_request_written)
+                assert _tcp_queues(idle_port) == (0, 0)
+
+                assert await durable.abort_process_group(process.pid) == 1
+
+                assert await process.wait() == -9  # the shell: SIGKILLed with its group
+                ended, received = await _end(stuck, REQUEST)
+                assert (ended, received < REQUEST) == ("reset", True), (ended, received)
+                assert await _end(idle, 16) == ("end of stream", 0)
+
+
+async def test_a_group_already_gone_is_nothing_to_abort() -> None:
+    process = await anyio.open_process(["true"], start_new_session=True)
+    async with process:
+        await process.wait()
+    assert await durable.abort_process_group(process.pid) == 0
