@@ -485,13 +485,21 @@ async def delete_repository(ctx: durable.ActivityContext, full_name: str) -> str
 
 
 # -- git ------------------------------------------------------------------------------------
-def _git_env(url: str) -> dict[str, str]:
-    """For an https remote, the git host's token as a header through git's environment."""
-    if not url.startswith("https://"):
+def _git_env(url: str, ctx: durable.ActivityContext) -> dict[str, str]:
+    """For an HTTP(S) remote, headers on each of git's requests through git's environment:
+    the step's fencing token, scope and idempotency key, as on every ``ctx.http`` request (a
+    fencing git host or proxy compares them; others ignore them), and for https the git
+    host's token."""
+    if not url.startswith(("https://", "http://")):
         return {}
-    token = config.service("githost").token
-    return {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader",
-            "GIT_CONFIG_VALUE_0": f"Authorization: Bearer {token}"}
+    headers = [f"{name}: {value}" for name, value in ctx.fencing_headers.items()]
+    if url.startswith("https://"):
+        headers.append(f"Authorization: Bearer {config.service('githost').token}")
+    env = {"GIT_CONFIG_COUNT": str(len(headers))}
+    for i, header in enumerate(headers):
+        env[f"GIT_CONFIG_KEY_{i}"] = "http.extraHeader"
+        env[f"GIT_CONFIG_VALUE_{i}"] = header
+    return env
 
 
 @contextmanager
@@ -513,9 +521,11 @@ def _scratch() -> Path:
     return Path(tempfile.mkdtemp(prefix="durable-git-", dir=workdir))
 
 
-async def _clone_at(source: Repo, sha: str, into: Path) -> None:
+async def _clone_at(ctx: durable.ActivityContext, source: Repo, sha: str, into: Path
+                    ) -> None:
     url = str(source["clone_url"])
-    await git.run_git("clone", "--quiet", "--bare", "--", url, str(into), env=_git_env(url))
+    await git.run_git("clone", "--quiet", "--bare", "--", url, str(into),
+                      env=_git_env(url, ctx))
     await git.rev_parse(into, sha)  # the exact commit the journal names must be there
 
 
@@ -528,7 +538,7 @@ async def remote_head(ctx: durable.ActivityContext, repo: Repo) -> str | None:
     """The commit the repository's main branch is at (``git ls-remote``), or None."""
     url, branch = str(repo["clone_url"]), str(repo["branch"])
     with _git_deadline(f"git ls-remote {repo['full_name']}"):
-        sha = await git.remote_sha(url, branch, env=_git_env(url))
+        sha = await git.remote_sha(url, branch, env=_git_env(url, ctx))
     ctx.annotate(f"{repo['full_name']} {branch}: at {_short(sha)}")
     return sha
 
@@ -543,12 +553,12 @@ async def force_push(ctx: durable.ActivityContext, source: Repo, sha: str, targe
     work = _scratch()
     try:
         with _git_deadline(f"force push to {target['full_name']}"):
-            await _clone_at(source, sha, work)
+            await _clone_at(ctx, source, sha, work)
             await ctx.assert_still_mine()  # git does not go through ctx.http: check here
             try:
                 result = await git.force_push_with_lease(
                     work, target_url, branch, expected_sha=expected_sha, src=sha,
-                    env=_git_env(target_url))
+                    env=_git_env(target_url, ctx))
             except git.StaleLeaseError as exc:
                 raise RemoteMovedError(
                     f"refusing to force-push: {target['full_name']} {branch} is no longer at "
@@ -573,11 +583,11 @@ async def push(ctx: durable.ActivityContext, source: Repo, sha: str,
     work = _scratch()
     try:
         with _git_deadline(f"push to {target['full_name']}"):
-            await _clone_at(source, sha, work)
+            await _clone_at(ctx, source, sha, work)
             await ctx.assert_still_mine()
             try:
                 result = await git.push(work, target_url, branch, src=sha,
-                                        env=_git_env(target_url))
+                                        env=_git_env(target_url, ctx))
             except git.PushRejectedError as exc:
                 raise RemoteMovedError(str(exc)) from exc
     finally:

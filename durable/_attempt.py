@@ -24,13 +24,9 @@ import anyio
 import httpx
 
 from ._context import (
-    FENCING_HEADER,
-    FENCING_SCOPE_HEADER,
-    IDEMPOTENCY_HEADER,
     ActivityContext,
     HttpClient,
     WorkflowContext,
-    fencing_scope,
 )
 from ._errors import (
     ActivityError,
@@ -419,9 +415,7 @@ class Attempt:
                 RequestInfo(self.run, ctx.step, ctx.step_key, ctx.try_number))
         return HttpClient(
             transport=transport,
-            headers={IDEMPOTENCY_HEADER: ctx.idempotency_key,
-                     FENCING_HEADER: str(self.run.epoch),
-                     FENCING_SCOPE_HEADER: fencing_scope(self.run.id, self.run.key)},
+            headers=ctx.fencing_headers,
             event_hooks={"request": [fence_request]},
             timeout=httpx.Timeout(30.0),
         )

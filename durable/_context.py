@@ -335,6 +335,19 @@ class ActivityContext:
         return fencing_scope(self._attempt.run.id, self._attempt.run.key)
 
     @property
+    def fencing_headers(self) -> dict[str, str]:
+        """The headers ``ctx.http`` puts on every request (``Idempotency-Key``,
+        ``Durable-Fencing-Token``, ``Durable-Fencing-Scope``), for requests this attempt sends
+        some other way (``git push`` over HTTPS as ``http.extraHeader``, a service's own
+        SDK); empty outside a workflow. Sending them does not check the lease: call
+        :meth:`assert_still_mine` first, as ``ctx.http`` does before each request."""
+        if self._attempt is None:
+            return {}
+        run = self._attempt.run
+        return {IDEMPOTENCY_HEADER: self.idempotency_key, FENCING_HEADER: str(run.epoch),
+                FENCING_SCOPE_HEADER: fencing_scope(run.id, run.key)}
+
+    @property
     def http(self) -> httpx.AsyncClient:
         """An httpx client bound to this attempt.
 

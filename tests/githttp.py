@@ -40,6 +40,8 @@ class GitHttpServer:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.hold_pushes = False
         self.held: list[HeldPush] = []
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        """(method, target, headers with lower-case names) of each request, in order."""
         self.outcomes: list[str] = []
         self.release = threading.Event()
         self._lock = threading.Lock()
@@ -96,6 +98,7 @@ class GitHttpServer:
             if ":" in line:
                 name, _, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
+        self.requests.append((method, target, headers))
         length = int(headers.get("content-length", "0"))
         if headers.get("expect", "").lower() == "100-continue":
             conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
