@@ -22,6 +22,29 @@ from pathlib import Path
 import attrs
 
 
+def git(*args: str, cwd: Path) -> str:
+    """Run git (with an identity) and answer its output; raises if it fails."""
+    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+                "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
+    return subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **identity},
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit(work: Path, files: dict[str, str | bytes], message: str) -> str:
+    """Write ``files`` into the working copy ``work`` (made if new) and commit them; the
+    commit's id."""
+    if not (work / ".git").exists():
+        git("init", "--quiet", "-b", "main", str(work), cwd=work.parent)
+    for name, content in files.items():
+        if isinstance(content, bytes):
+            (work / name).write_bytes(content)
+        else:
+            (work / name).write_text(content)
+    git("add", "--all", cwd=work)
+    git("commit", "--quiet", "-m", message, cwd=work)
+    return git("rev-parse", "HEAD", cwd=work)
+
+
 @attrs.frozen
 class HeldPush:
     peer: tuple[str, int]

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
 
+import activities.git
 import durable
-from activities import git
 from durable import RunState
 from durable._attempt import Attempt
 from durable._types import JSON, EntryKind, Fence, Renewal
 from durable.store._sqlite import SqliteStore
 
-from .githttp import git_http_server
+from .githttp import commit, git, git_http_server
 from .helpers import kinds, poll, running_worker
 from .httpserver import Rule, loopback_server
 
@@ -383,13 +382,6 @@ async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_la
     assert (ended, len(received) < total) == ("reset", True), (ended, len(received), total)
 
 
-def _git(*args: str, cwd: Path) -> str:
-    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
-                "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
-    return subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **identity},
-                          check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="Linux: /proc/net/tcp")
 async def test_a_cancelled_force_push_still_on_its_way_never_lands(
         client: durable.Client, registry: durable.Registry, tmp_path: Path) -> None:
@@ -403,22 +395,17 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
     with git_http_server(tmp_path / "remote") as remote:
         url = remote.repository("slot.git")
         work = tmp_path / "work"
-        _git("init", "--quiet", "-b", "main", str(work), cwd=tmp_path)
-        (work / "README").write_text("template\n")
-        _git("add", "--all", cwd=work)
-        _git("commit", "--quiet", "-m", "template", cwd=work)
-        before = _git("rev-parse", "HEAD", cwd=work)
-        _git("push", "--quiet", url, "HEAD:refs/heads/main", cwd=work)
+        before = commit(work, {"README": "template\n"}, "template")
+        git("push", "--quiet", url, "HEAD:refs/heads/main", cwd=work)
         assert remote.outcomes == ["complete"]  # the rig: a push lands
-        (work / "data").write_bytes(os.urandom(65536))  # more than the remote takes in
-        _git("add", "--all", cwd=work)
-        _git("commit", "--quiet", "-m", "slot content", cwd=work)
-        after = _git("rev-parse", "HEAD", cwd=work)
+        # more than the remote takes in
+        after = commit(work, {"data": os.urandom(65536)}, "slot content")
         remote.hold_pushes = True
 
         @durable.activity(registry=registry)
         async def force_push(ctx: durable.ActivityContext) -> None:
-            await git.force_push_with_lease(work, url, "main", expected_sha=before, src=after)
+            await activities.git.force_push_with_lease(work, url, "main", expected_sha=before,
+                                                       src=after)
 
         @durable.workflow("reset", registry=registry)
         async def reset(ctx: durable.WorkflowContext) -> None:
@@ -451,4 +438,4 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
             remote.release.set()
             await poll(lambda: len(remote.outcomes) == 2, timeout=10)
     assert remote.outcomes[1] == "reset"
-    assert _git("rev-parse", "main", cwd=tmp_path / "remote" / "slot.git") == before
+    assert git("rev-parse", "main", cwd=tmp_path / "remote" / "slot.git") == before

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,17 +11,10 @@ import durable
 from activities import steps
 from durable import RunState
 
-from .githttp import git_http_server
+from .githttp import commit, git, git_http_server
 from .helpers import running_worker
 
 pytestmark = pytest.mark.anyio
-
-
-def _git(*args: str, cwd: Path) -> str:
-    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
-                "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
-    return subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **identity},
-                          check=True, capture_output=True, text=True).stdout.strip()
 
 
 async def test_every_request_of_a_force_push_carries_the_steps_fencing_token(
@@ -37,15 +28,10 @@ async def test_every_request_of_a_force_push_carries_the_steps_fencing_token(
         template_url = host.repository("templates/starter.git")
         slot_url = host.repository("slots/slot-1.git")
         work = tmp_path / "work"
-        _git("init", "--quiet", "-b", "main", str(work), cwd=tmp_path)
-        (work / "README").write_text("slot content\n")
-        _git("add", "--all", cwd=work)
-        _git("commit", "--quiet", "-m", "slot", cwd=work)
-        _git("push", "--quiet", slot_url, "HEAD:refs/heads/main", cwd=work)
-        (work / "README").write_text("template\n")
-        _git("commit", "--quiet", "--all", "-m", "template", cwd=work)
-        template_sha = _git("rev-parse", "HEAD", cwd=work)
-        _git("push", "--quiet", template_url, "HEAD:refs/heads/main", cwd=work)
+        commit(work, {"README": "slot content\n"}, "slot")
+        git("push", "--quiet", slot_url, "HEAD:refs/heads/main", cwd=work)
+        template_sha = commit(work, {"README": "template\n"}, "template")
+        git("push", "--quiet", template_url, "HEAD:refs/heads/main", cwd=work)
         template = {"clone_url": template_url, "branch": "main",
                     "full_name": "templates/starter"}
         slot = {"clone_url": slot_url, "branch": "main", "full_name": "slots/slot-1"}
@@ -61,7 +47,7 @@ async def test_every_request_of_a_force_push_carries_the_steps_fencing_token(
             await client.start(reset, id="reset-1", key="slot-1")
             run = await client.wait("reset-1", timeout=30)
         assert (run.state, run.result) == (RunState.COMPLETED, template_sha), run.error
-        assert _git("rev-parse", "main", cwd=tmp_path / "host" / "slots" / "slot-1.git") \
+        assert git("rev-parse", "main", cwd=tmp_path / "host" / "slots" / "slot-1.git") \
             == template_sha
         journal = await client.journal("reset-1")
         keys = {entry.name: f"reset-1/{entry.step_key}" for entry in journal
