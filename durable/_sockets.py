@@ -165,6 +165,10 @@ def _reset_connections(pgid: int, members: list[int]) -> int:
             pidfd = os.pidfd_open(pid)
         except OSError:  # gone meanwhile
             continue
+        stat = _stat(pid)
+        if stat is None or stat[1] != pgid:  # the number taken by another process since
+            os.close(pidfd)
+            continue
         try:
             for fd, link in sockets.items():
                 try:

@@ -37,13 +37,14 @@ time.sleep(60)
 """
 
 
-def _tcp_queues(port: int) -> tuple[int, int] | None:
-    """(unacknowledged, received unread) of the loopback socket bound to ``port``."""
-    address = f"0100007F:{port:04X}"
+def _tcp_queues(port: int, remote: tuple[str, int]) -> tuple[int, int] | None:
+    """(unacknowledged, received unread) of the loopback socket from ``port`` to ``remote``
+    (the port may also be in use, or in TIME_WAIT, towards another address)."""
+    wanted = (f"0100007F:{port:04X}", f"0100007F:{remote[1]:04X}")
     with open("/proc/net/tcp") as table:
         for line in table.readlines()[1:]:
             fields = line.split()
-            if fields[1] == address:
+            if (fields[1], fields[2]) == wanted:
                 tx, rx = fields[4].split(":")
                 return int(tx, 16), int(rx, 16)
     return None
@@ -90,12 +91,15 @@ async def test_the_group_is_killed_and_only_its_connections_with_bytes_on_their_
             with stuck, idle:
                 assert idle.recv(5) == b"hello"
                 assert process.stdout is not None
-                ports = (await process.stdout.receive()).split()
+                line = b""
+                while not line.endswith(b"\n"):  # the program's ports, once it has written
+                    line += await process.stdout.receive()
+                ports = line.split()
                 stuck_port, idle_port = int(ports[0]), int(ports[1])
                 # the whole request is written: part taken in by the service's kernel,
                 # the rest unacknowledged in the program's
                 def whole_request_written() -> bool:
-                    queues = _tcp_queues(stuck_port)
+                    queues = _tcp_queues(stuck_port, service.getsockname())
                     try:
                         taken = len(stuck.recv(REQUEST, socket.MSG_PEEK | socket.MSG_DONTWAIT))
                     except BlockingIOError:
@@ -103,7 +107,7 @@ async def test_the_group_is_killed_and_only_its_connections_with_bytes_on_their_
                     return queues is not None and queues[0] > 0 and queues[0] + taken == REQUEST
 
                 await poll(whole_request_written)
-                assert _tcp_queues(idle_port) == (0, 0)
+                assert _tcp_queues(idle_port, other.getsockname()) == (0, 0)
 
                 assert await durable.abort_process_group(process.pid) == 1
 

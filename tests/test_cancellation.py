@@ -291,17 +291,17 @@ def _tcp_address(address: tuple[str, int]) -> str:
     return f"{int.from_bytes(socket.inet_aton(address[0]), 'little'):08X}:{address[1]:04X}"
 
 
-def _tcp_queues(local: tuple[str, int], remote: tuple[str, int] | None = None
-                ) -> tuple[int, int] | None:
-    """(tx_queue, rx_queue) of the IPv4 TCP socket bound to ``local`` (the first, or the one
-    connected to ``remote``: a listener's address is shared), from /proc/net/tcp: bytes the
-    kernel holds that the peer has not acknowledged, and bytes received not yet read; None
-    if no such socket (closed, reset)."""
-    wanted = (_tcp_address(local), None if remote is None else _tcp_address(remote))
+def _tcp_queues(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
+    """(tx_queue, rx_queue) of the IPv4 TCP socket from ``local`` to ``remote``, from
+    /proc/net/tcp: bytes the kernel holds that the peer has not acknowledged, and bytes
+    received not yet read; None if no such socket (closed, reset). Both ends name it: a
+    listener's address is shared, and a local port may also be in use (or in TIME_WAIT)
+    towards another address."""
+    wanted = (_tcp_address(local), _tcp_address(remote))
     with open("/proc/net/tcp") as table:
         for line in table.readlines()[1:]:
             fields = line.split()
-            if fields[1] == wanted[0] and wanted[1] in (None, fields[2]):
+            if (fields[1], fields[2]) == wanted:
                 tx, rx = fields[4].split(":")
                 return int(tx, 16), int(rx, 16)
     return None
@@ -322,7 +322,8 @@ async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_la
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     listener.setblocking(False)
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/volumes/v1"
+    service = listener.getsockname()
+    url = f"http://127.0.0.1:{service[1]}/volumes/v1"
     entered = anyio.Event()
 
     @durable.activity(registry=registry)
@@ -348,7 +349,7 @@ async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_la
                     """The request's length once the service holds the headers and part of
                     the body and the worker's kernel the rest (all of it on its way), else
                     0."""
-                    queues = _tcp_queues(peer)
+                    queues = _tcp_queues(peer, service)
                     try:
                         head = conn.recv(65536, socket.MSG_PEEK)
                     except BlockingIOError:  # nothing arrived yet
@@ -363,10 +364,10 @@ async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_la
                 run = await client.wait("t-reset", timeout=10)
                 assert run.state is RunState.CANCELLED
                 try:  # reset: the worker's kernel holds nothing more of it to send
-                    await poll(lambda: _tcp_queues(peer) is None, timeout=5)
+                    await poll(lambda: _tcp_queues(peer, service) is None, timeout=5)
                 except TimeoutError:
-                    pytest.fail(f"the worker's kernel still holds {_tcp_queues(peer)} bytes "
-                                "(unacknowledged, received) of the cancelled request, and "
+                    pytest.fail(f"the worker's kernel still holds {_tcp_queues(peer, service)} "
+                                "bytes (unacknowledged, received) of the cancelled request, and "
                                 "goes on sending them as the service reads")
                 ended = "open"
                 with anyio.fail_after(10):
@@ -415,12 +416,12 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
             await client.start("reset", id="r-push")
             await poll(lambda: remote.held)
             [held] = remote.held
-            server = ("127.0.0.1", int(url.split(":")[-1].split("/")[0]))
+            server = remote.listener.getsockname()
 
             def whole_push_sent() -> bool:
                 """The pushing side's kernel holds part of the body (unacknowledged) and
                 the remote's the rest (received, unread): git has written it all."""
-                sending = _tcp_queues(held.peer)
+                sending = _tcp_queues(held.peer, server)
                 receiving = _tcp_queues(server, held.peer)
                 return (sending is not None and receiving is not None and sending[0] > 0
                         and sending[0] + receiving[1] == held.length)
@@ -430,10 +431,11 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
             run = await client.wait("r-push", timeout=10)
             assert run.state is RunState.CANCELLED
             try:
-                await poll(lambda: _tcp_queues(held.peer) is None, timeout=5)
+                await poll(lambda: _tcp_queues(held.peer, server) is None, timeout=5)
             except TimeoutError:
-                pytest.fail(f"the killed git's connection still holds {_tcp_queues(held.peer)}"
-                            " bytes (unacknowledged, received) of the cancelled push, and "
+                pytest.fail("the killed git's connection still holds "
+                            f"{_tcp_queues(held.peer, server)} bytes (unacknowledged, "
+                            "received) of the cancelled push, and "
                             "its kernel goes on sending them as the remote reads")
             remote.release.set()
             await poll(lambda: len(remote.outcomes) == 2, timeout=10)
