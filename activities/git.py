@@ -1,13 +1,14 @@
 """Run the real ``git`` program, cancellably.
 
-Each command runs in a process group of its own. When the awaiting scope is cancelled
-(a deadline, a lost lease), the whole group is SIGKILLed and reaped before the
-cancellation goes on: git, and whatever git started (``git-receive-pack`` and hooks on a
-local push, ``ssh``, ``git-remote-https``), stop. A push abandoned by its caller does not
-carry on in the background, and its connections that still hold unsent or unacknowledged
-bytes are reset, not closed (:func:`durable.abort_process_group`): a push request lying
-whole in the kernel's send queue (the remote slow to read it) is dropped, where a plain
-kill left the kernel to deliver it after the cancel.
+Each command runs in a process group of its own (:func:`durable.process_group`). When the
+awaiting scope is cancelled (a deadline, a lost lease), the whole group is SIGKILLed and
+reaped before the cancellation goes on: git, and whatever git started
+(``git-receive-pack`` and hooks on a local push, ``ssh``, ``git-remote-https``), stop. A
+push abandoned by its caller does not carry on in the background, and its connections that
+still hold unsent or unacknowledged bytes are reset, not closed: a push request lying whole
+in the kernel's send queue (the remote slow to read it) is dropped, where a plain kill left
+the kernel to deliver it after the cancel. When the worker process dies, the group is
+killed too: a dead worker's push does not go on while its run is taken over.
 
 A force push only happens with a lease: :func:`force_push_with_lease` names the commit
 the remote ref must still be at, and raises :class:`StaleLeaseError` if it moved. Retrying
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import os
-import subprocess
 from collections.abc import Mapping
 
 import anyio
@@ -50,7 +50,6 @@ __all__ = [
 ]
 
 StrPath = str | os.PathLike[str]
-_REAP_TIMEOUT = 5.0
 _BASE_ENV = {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "LANGUAGE": "C"}
 
 
@@ -124,30 +123,18 @@ async def run_git(
     """Run ``git *args``; raises :class:`GitError` on a non-zero exit if ``check``.
 
     Cancellation kills git's whole process group (resetting its connections that still
-    have bytes on their way), then waits (shielded, bounded) for it.
+    have bytes on their way), then waits (shielded, bounded) for it; so does the worker's
+    death. ``FileNotFoundError`` if there is no ``git``.
     """
     command = ("git", *args)
     full_env = {**os.environ, **_BASE_ENV, **(env or {})}
-    process = await anyio.open_process(
-        command,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
-        env=full_env,
-        start_new_session=True,  # its own process group, so that killpg reaches children
-    )
-    assert process.stdout is not None and process.stderr is not None
     stdout, stderr = bytearray(), bytearray()
-    try:
+    async with durable.process_group(command, cwd=cwd, env=full_env) as process:
+        assert process.stdout is not None and process.stderr is not None
         async with anyio.create_task_group() as tg:
             tg.start_soon(_drain, process.stdout, stdout)
             tg.start_soon(_drain, process.stderr, stderr)
             await process.wait()
-    except BaseException:
-        await durable.abort_process_group(process.pid)  # shielded: it runs when cancelled
-        raise
-    finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):
-            await process.aclose()
     returncode = process.returncode
     assert returncode is not None
     output = GitOutput(returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace"))

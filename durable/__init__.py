@@ -43,6 +43,8 @@ from ._interceptors import Counters as Counters
 from ._interceptors import Interceptor as Interceptor
 from ._logging import RedactingFilter as RedactingFilter
 from ._logging import configure_logging as configure_logging
+from ._processes import abort_process_group as abort_process_group
+from ._processes import process_group as process_group
 from ._registry import NOT_DONE as NOT_DONE
 from ._registry import Activity as Activity
 from ._registry import Registry as Registry
@@ -56,7 +58,6 @@ from ._retention import PrunedRun as PrunedRun
 from ._schedules import Schedule as Schedule
 from ._schedules import ScheduleSpec as ScheduleSpec
 from ._schedules import schedule as schedule
-from ._sockets import abort_process_group as abort_process_group
 from ._types import EntryKind as EntryKind
 from ._types import JournalEntry as JournalEntry
 from ._types import Run as Run
@@ -124,6 +125,7 @@ __all__ = [
     "approval_gate",
     "configure_logging",
     "default_registry",
+    "process_group",
     "schedule",
     "store_from_url",
     "workflow",

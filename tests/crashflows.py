@@ -76,3 +76,15 @@ async def kill_worker(ctx: durable.ActivityContext, log: str) -> None:
 async def crash_poison(ctx: durable.WorkflowContext, log: str) -> None:
     await mark(ctx, log, "before")
     await kill_worker(ctx, log)
+
+
+@durable.activity("crash.git_push", on_doubt="fail")
+async def git_push(ctx: durable.ActivityContext, work: str, remote: str, sha: str) -> str:
+    from activities import git
+
+    return (await git.push(work, remote, "main", src=sha)).sha
+
+
+@durable.workflow("crash.push")
+async def crash_push(ctx: durable.WorkflowContext, work: str, remote: str, sha: str) -> str:
+    return str(await git_push(ctx, work, remote, sha))

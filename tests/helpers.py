@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -117,3 +118,23 @@ def at_schema(url: str, version: int) -> None:
         for _, script in scripts:
             pg.execute(script.encode())
         pg.execute(meta.encode())
+
+
+def tcp_address(address: tuple[str, int]) -> str:
+    return f"{int.from_bytes(socket.inet_aton(address[0]), 'little'):08X}:{address[1]:04X}"
+
+
+def tcp_queues(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
+    """(tx_queue, rx_queue) of the IPv4 TCP socket from ``local`` to ``remote``, from
+    /proc/net/tcp: bytes the kernel holds that the peer has not acknowledged, and bytes
+    received not yet read; None if no such socket (closed, reset). Both ends name it: a
+    listener's address is shared, and a local port may also be in use (or in TIME_WAIT)
+    towards another address."""
+    wanted = (tcp_address(local), tcp_address(remote))
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if (fields[1], fields[2]) == wanted:
+                tx, rx = fields[4].split(":")
+                return int(tx, 16), int(rx, 16)
+    return None

@@ -23,7 +23,7 @@ from durable._types import JSON, EntryKind, Fence, Renewal
 from durable.store._sqlite import SqliteStore
 
 from .githttp import commit, git, git_http_server
-from .helpers import kinds, poll, running_worker
+from .helpers import kinds, poll, running_worker, tcp_queues
 from .httpserver import Rule, loopback_server
 
 pytestmark = pytest.mark.anyio
@@ -287,26 +287,6 @@ async def test_a_finished_run_is_not_reported_as_a_lost_lease(
     assert "lease_lost" not in events and "attempt_stopping" not in events
 
 
-def _tcp_address(address: tuple[str, int]) -> str:
-    return f"{int.from_bytes(socket.inet_aton(address[0]), 'little'):08X}:{address[1]:04X}"
-
-
-def _tcp_queues(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
-    """(tx_queue, rx_queue) of the IPv4 TCP socket from ``local`` to ``remote``, from
-    /proc/net/tcp: bytes the kernel holds that the peer has not acknowledged, and bytes
-    received not yet read; None if no such socket (closed, reset). Both ends name it: a
-    listener's address is shared, and a local port may also be in use (or in TIME_WAIT)
-    towards another address."""
-    wanted = (_tcp_address(local), _tcp_address(remote))
-    with open("/proc/net/tcp") as table:
-        for line in table.readlines()[1:]:
-            fields = line.split()
-            if (fields[1], fields[2]) == wanted:
-                tx, rx = fields[4].split(":")
-                return int(tx, 16), int(rx, 16)
-    return None
-
-
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="Linux: /proc/net/tcp")
 async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_later(
         client: durable.Client, registry: durable.Registry) -> None:
@@ -349,7 +329,7 @@ async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_la
                     """The request's length once the service holds the headers and part of
                     the body and the worker's kernel the rest (all of it on its way), else
                     0."""
-                    queues = _tcp_queues(peer, service)
+                    queues = tcp_queues(peer, service)
                     try:
                         head = conn.recv(65536, socket.MSG_PEEK)
                     except BlockingIOError:  # nothing arrived yet
@@ -364,9 +344,9 @@ async def test_a_cancelled_request_still_on_its_way_never_reaches_the_service_la
                 run = await client.wait("t-reset", timeout=10)
                 assert run.state is RunState.CANCELLED
                 try:  # reset: the worker's kernel holds nothing more of it to send
-                    await poll(lambda: _tcp_queues(peer, service) is None, timeout=5)
+                    await poll(lambda: tcp_queues(peer, service) is None, timeout=5)
                 except TimeoutError:
-                    pytest.fail(f"the worker's kernel still holds {_tcp_queues(peer, service)} "
+                    pytest.fail(f"the worker's kernel still holds {tcp_queues(peer, service)} "
                                 "bytes (unacknowledged, received) of the cancelled request, and "
                                 "goes on sending them as the service reads")
                 ended = "open"
@@ -421,8 +401,8 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
             def whole_push_sent() -> bool:
                 """The pushing side's kernel holds part of the body (unacknowledged) and
                 the remote's the rest (received, unread): git has written it all."""
-                sending = _tcp_queues(held.peer, server)
-                receiving = _tcp_queues(server, held.peer)
+                sending = tcp_queues(held.peer, server)
+                receiving = tcp_queues(server, held.peer)
                 return (sending is not None and receiving is not None and sending[0] > 0
                         and sending[0] + receiving[1] == held.length)
 
@@ -431,10 +411,10 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
             run = await client.wait("r-push", timeout=10)
             assert run.state is RunState.CANCELLED
             try:
-                await poll(lambda: _tcp_queues(held.peer, server) is None, timeout=5)
+                await poll(lambda: tcp_queues(held.peer, server) is None, timeout=5)
             except TimeoutError:
                 pytest.fail("the killed git's connection still holds "
-                            f"{_tcp_queues(held.peer, server)} bytes (unacknowledged, "
+                            f"{tcp_queues(held.peer, server)} bytes (unacknowledged, "
                             "received) of the cancelled push, and "
                             "its kernel goes on sending them as the remote reads")
             remote.release.set()

@@ -30,7 +30,7 @@ PUBLIC = [
     "Worker", "Workflow", "WorkflowContext", "abort_process_group", "activity",
     "approval_gate",
     "configure_logging",
-    "default_registry", "schedule", "store_from_url", "workflow",
+    "default_registry", "process_group", "schedule", "store_from_url", "workflow",
 ]
 """Exactly what users need: declaring, starting, running and inspecting workflows, the
 errors, the headers a fenced service reads, the store to connect to, and the kill of an

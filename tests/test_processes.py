@@ -16,7 +16,9 @@ import durable
 from durable import RunState
 
 from . import crashflows
+from .githttp import commit, git
 from .helpers import kinds, poll, python_process, running_worker
+from .ops import alive
 
 pytestmark = pytest.mark.anyio
 
@@ -139,3 +141,37 @@ async def _claimers(client: durable.Client, runs: int, wanted: int) -> bool:
 async def _all_done(client: durable.Client, runs: int) -> bool:
     done = await client.list(state="completed", limit=runs + 1)
     return len(done) == runs
+
+
+async def test_a_push_dies_with_its_sigkilled_worker(
+        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    """A worker SIGKILLed (the OOM killer, a crash) while git pushes: git runs in a process
+    group of its own (so that a cancel can kill all of it), which a signal to the worker
+    does not reach. It is tied to the worker's life: when the worker dies, the whole group
+    is killed, here the remote's pre-receive hook in flight, so the push never lands on
+    behalf of an attempt that is gone while its run is taken over. Before, the push went
+    on, and landed once the hook finished."""
+    remote, work = tmp_path / "remote.git", tmp_path / "work"
+    git("init", "--quiet", "--bare", "-b", "main", str(remote), cwd=tmp_path)
+    before = commit(work, {"README": "before\n"}, "before")
+    git("push", "--quiet", str(remote), "HEAD:refs/heads/main", cwd=work)
+    after = commit(work, {"README": "after\n"}, "after")
+    hook_pid, gate = tmp_path / "hook.pid", tmp_path / "gate"
+    hook = remote / "hooks" / "pre-receive"
+    hook.write_text(f"#!/bin/sh\necho $$ > {hook_pid}\n"
+                    f"while [ ! -e {gate} ]; do sleep 0.05; done\n")  # a slow remote
+    hook.chmod(0o755)
+    async with durable.Client.connect(db_url) as client:
+        await client.start("crash.push", str(work), str(remote), after, id="p1")
+        with worker_process(db_url, "--backend", anyio_backend) as proc:
+            await poll(lambda: hook_pid.exists() and hook_pid.read_text().strip(), timeout=20)
+            pid = int(hook_pid.read_text())
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker's group: git is not in it
+            proc.wait(timeout=10)
+        try:
+            await poll(lambda: not alive(pid), timeout=5)
+        except TimeoutError:
+            pytest.fail("the dead worker's push goes on: the remote's hook still runs")
+        finally:
+            gate.touch()
+    assert git("rev-parse", "main", cwd=remote) == before

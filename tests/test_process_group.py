@@ -1,4 +1,6 @@
-"""durable.abort_process_group: a killed program's requests still on their way are dropped.
+"""durable.process_group and durable.abort_process_group: a program an activity runs.
+
+abort_process_group: a killed program's requests still on their way are dropped.
 
 A real process group (a shell and the Python program it started, a grandchild of the test)
 holds two loopback connections: on one it wrote 64 KiB that the service has not taken in
@@ -19,7 +21,8 @@ import pytest
 
 import durable
 
-from .helpers import poll
+from .helpers import poll, tcp_queues
+from .ops import alive
 
 pytestmark = [pytest.mark.anyio,
               pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="Linux")]
@@ -35,19 +38,6 @@ stuck.sendall(b"x" * {length})
 print(stuck.getsockname()[1], idle.getsockname()[1], flush=True)
 time.sleep(60)
 """
-
-
-def _tcp_queues(port: int, remote: tuple[str, int]) -> tuple[int, int] | None:
-    """(unacknowledged, received unread) of the loopback socket from ``port`` to ``remote``
-    (the port may also be in use, or in TIME_WAIT, towards another address)."""
-    wanted = (f"0100007F:{port:04X}", f"0100007F:{remote[1]:04X}")
-    with open("/proc/net/tcp") as table:
-        for line in table.readlines()[1:]:
-            fields = line.split()
-            if (fields[1], fields[2]) == wanted:
-                tx, rx = fields[4].split(":")
-                return int(tx, 16), int(rx, 16)
-    return None
 
 
 def _listener(small: bool) -> socket.socket:
@@ -99,7 +89,7 @@ async def test_the_group_is_killed_and_only_its_connections_with_bytes_on_their_
                 # the whole request is written: part taken in by the service's kernel,
                 # the rest unacknowledged in the program's
                 def whole_request_written() -> bool:
-                    queues = _tcp_queues(stuck_port, service.getsockname())
+                    queues = tcp_queues(("127.0.0.1", stuck_port), service.getsockname())
                     try:
                         taken = len(stuck.recv(REQUEST, socket.MSG_PEEK | socket.MSG_DONTWAIT))
                     except BlockingIOError:
@@ -107,7 +97,7 @@ async def test_the_group_is_killed_and_only_its_connections_with_bytes_on_their_
                     return queues is not None and queues[0] > 0 and queues[0] + taken == REQUEST
 
                 await poll(whole_request_written)
-                assert _tcp_queues(idle_port, other.getsockname()) == (0, 0)
+                assert tcp_queues(("127.0.0.1", idle_port), other.getsockname()) == (0, 0)
 
                 assert await durable.abort_process_group(process.pid) == 1
 
@@ -122,3 +112,29 @@ async def test_a_group_already_gone_is_nothing_to_abort() -> None:
     async with process:
         await process.wait()
     assert await durable.abort_process_group(process.pid) == 0
+
+
+async def test_nothing_of_the_group_outlives_the_block(tmp_path: Path) -> None:
+    """The command leaves a process of its group behind (a hook's background job, say):
+    the block's end kills it (its watcher, once the block lets go of the pipe)."""
+    pid_file = tmp_path / "left.pid"
+    async with durable.process_group(
+            ["sh", "-c", f"sleep 60 & echo $! > {pid_file}"]) as process:
+        assert await process.wait() == 0
+        left = int(pid_file.read_text())
+        assert alive(left)
+    await poll(lambda: not alive(left), timeout=5)
+
+
+async def test_a_cancelled_block_kills_the_group_before_the_cancel_goes_on() -> None:
+    with anyio.CancelScope() as scope:
+        async with durable.process_group(["sleep", "60"]) as process:
+            scope.cancel()
+            await process.wait()
+    assert process.returncode == -9  # SIGKILLed, and reaped before the block ended
+
+
+async def test_a_program_not_found_is_said_before_anything_runs() -> None:
+    with pytest.raises(FileNotFoundError, match="no-such-program"):
+        async with durable.process_group(["no-such-program"]):
+            pass
