@@ -21,6 +21,7 @@ Linux for the resets (``/proc``, ``pidfd_getfd``); the rest wherever there is ``
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -59,6 +60,22 @@ dead."""
 
 _REAP_TIMEOUT = 5.0
 
+_held: set[int] = set()
+"""The worker's ends of the watchers' pipes. A child forked without exec (multiprocessing)
+closes its copies at once: a copy would keep the pipes open, and the groups alive, after
+the worker died."""
+
+
+def _close_in_child() -> None:
+    for fd in _held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
+
 _log = get_logger("durable.process")
 
 _Stream = int | IO[Any] | None
@@ -86,12 +103,14 @@ async def process_group(
     if shutil.which(command[0], path=path) is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
     watched, held = os.pipe()  # not inherited: the watched end is given as stdin
+    _held.add(held)
     try:
         process = await anyio.open_process(
             ["/bin/sh", "-c", _WATCH, "durable-watch", *command],
             stdin=watched, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
             start_new_session=True)
     except BaseException:
+        _held.discard(held)
         os.close(held)
         raise
     finally:
@@ -105,6 +124,7 @@ async def process_group(
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):
             await process.aclose()
+        _held.discard(held)
         os.close(held)  # the watcher kills what is left of the group
 
 

@@ -11,15 +11,18 @@ FIN: nothing was outstanding), and the group is dead.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import anyio
 import pytest
 
 import durable
+import durable._processes
 
 from .helpers import poll, tcp_queues
 from .ops import alive
@@ -138,3 +141,28 @@ async def test_a_program_not_found_is_said_before_anything_runs() -> None:
     with pytest.raises(FileNotFoundError, match="no-such-program"):
         async with durable.process_group(["no-such-program"]):
             pass
+
+
+async def test_a_child_forked_without_exec_does_not_keep_the_groups_alive() -> None:
+    """A copy of the worker's end of a watcher's pipe in a forked child (multiprocessing's
+    fork) would keep the group alive after the worker died: the child closes its copies."""
+    async with durable.process_group(["sleep", "60"]) as process:
+        held = set(durable._processes._held)
+        assert len(held) == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: 3.12
+            pid = os.fork()
+        if pid == 0:  # the child: only checks its descriptors, then leaves at once
+            open_fds = [fd for fd in held if _is_open(fd)]
+            os._exit(len(open_fds))
+        _, status = await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the forked child kept the pipe"
+        process.terminate()
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
