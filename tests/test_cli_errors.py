@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -19,6 +21,7 @@ import durable
 from .conftest import subprocess_env
 from .helpers import python_process
 from .test_cli import assert_one_line_error, cli, count_runs
+from .tmpfs import tmpfs
 
 RAISES = "import durable\n\nvalue = 1 / 0\n"
 BROKEN = "import durable\n\ndef f(:\n    pass\n"
@@ -304,3 +307,25 @@ def test_a_list_limit_beyond_the_database_integers_lists_everything(tmp_path: Pa
     listed = cli("list", "--limit", str(10**20), db=db)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines()[1].startswith("r ")
+
+
+def test_a_database_on_a_read_only_file_system_says_so(tmp_path: Path) -> None:
+    """A database copied onto read-only media (a backup, a snapshot mounted read-only):
+    SQLite in WAL mode must create its -wal and -shm files to open the database, even to
+    read it, and said only "unable to open database file". The error says why, and what to
+    do; nothing is changed."""
+
+    def refused(why: str) -> NoReturn:
+        pytest.skip(f"a read-only file system needs a mount of its own ({why})")
+
+    with tmpfs(tmp_path / "media", "8m", refused) as media:
+        db = media / "d.db"
+        assert cli("start", "cli.hello", '"a"', "--import", "tests.cliflows", "--id", "r",
+                   db=f"sqlite:///{db}").returncode == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(media)], check=True)
+        for command in (["list"], ["show", "r"], ["cancel", "r"]):
+            result = cli(*command, db=f"sqlite:///{db}")
+            assert_one_line_error(result, f"cannot open SQLite database {db}",
+                                  f"the file system holding {media} is mounted read-only",
+                                  "copy the file to a writable folder")
+        assert sorted(p.name for p in media.iterdir()) == ["d.db"]

@@ -194,7 +194,7 @@ class SqliteStore(Store):
             )
         except sqlite3.DatabaseError as exc:
             raise StoreUnavailableError(
-                f"cannot open SQLite database {self.path}: {self._space(exc)}"
+                f"cannot open SQLite database {self.path}: {self._explain(exc)}"
             ) from exc
         try:
             conn.row_factory = sqlite3.Row
@@ -208,7 +208,7 @@ class SqliteStore(Store):
             conn.close()
             if isinstance(exc, sqlite3.DatabaseError):
                 raise StoreUnavailableError(
-                    f"cannot open SQLite database {self.path}: {self._space(exc)}"
+                    f"cannot open SQLite database {self.path}: {self._explain(exc)}"
                 ) from exc
             raise
         return conn
@@ -246,7 +246,7 @@ class SqliteStore(Store):
             raise
         except OSError as exc:
             raise StoreUnavailableError(
-                f"cannot open SQLite database {self.path}: {self._space(exc)}") from exc
+                f"cannot open SQLite database {self.path}: {self._explain(exc)}") from exc
         self._db = db
         try:
             # a database already at this schema is opened with a read: read commands (list,
@@ -367,7 +367,7 @@ class SqliteStore(Store):
             if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
                 # the disk is full: the transaction was rolled back, nothing was written
                 # (a write may be tried again; docs/design.md, *A full disk*)
-                raise NotSentError(f"SQLite database {self.path}: {self._space(exc)}; "
+                raise NotSentError(f"SQLite database {self.path}: {self._explain(exc)}; "
                                    "nothing was written") from exc
             if "unable to open" in message:
                 raise StoreUnavailableError(f"SQLite database {self.path}: {message}") from exc
@@ -375,22 +375,33 @@ class SqliteStore(Store):
                 raise StoreUnavailableError(
                     f"{self.path} is not a readable SQLite database: {message}"
                 ) from exc
-            raise StoreError(f"SQLite database {self.path}: {self._space(exc)}") from exc
+            raise StoreError(f"SQLite database {self.path}: {self._explain(exc)}") from exc
 
-    def _space(self, exc: BaseException) -> str:
-        """SQLite's error, and the free space left when it may be short of it: on a full
-        disk SQLite says "database or disk is full" writing, but "disk I/O error" opening
-        (WAL mode creates its shared-memory file at the first open, read commands too)."""
+    def _explain(self, exc: BaseException) -> str:
+        """SQLite's error, and what it does not say. The free space left when it may be
+        short of it: on a full disk SQLite says "database or disk is full" writing, but
+        "disk I/O error" opening (WAL mode creates its shared-memory file at the first
+        open, read commands too). A file system mounted read-only: SQLite says "unable to
+        open database file" (or "attempt to write a readonly database")."""
         message = str(exc)
         if self.path == ":memory:" or not any(
-                word in message for word in ("I/O error", "full", "No space")):
+                word in message for word in ("I/O error", "full", "No space", "unable to open",
+                                             "readonly")):
             return message
+        folder = Path(self.path).absolute().parent
         try:
-            st = os.statvfs(Path(self.path).absolute().parent)
+            st = os.statvfs(folder)
         except OSError:
             return message
+        if st.f_flag & os.ST_RDONLY:
+            name = Path(self.path).name
+            return (f"{message}: the file system holding {folder} is mounted read-only, and "
+                    f"SQLite in WAL mode writes {name}-wal and {name}-shm beside the database "
+                    "to open it, to read it too; copy the file to a writable folder to read "
+                    "it there")
         free = st.f_bavail * st.f_frsize
-        if free >= LOW_SPACE:
+        if free >= LOW_SPACE or not any(word in message for word in
+                                        ("I/O error", "full", "No space")):
             return message
         return f"{message} (the file system holding it has {free:,} bytes free)"
 
