@@ -119,17 +119,22 @@ async def run_git(
     cwd: StrPath | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = True,
+    ctx: durable.ActivityContext | None = None,
 ) -> GitOutput:
     """Run ``git *args``; raises :class:`GitError` on a non-zero exit if ``check``.
 
     Cancellation kills git's whole process group (resetting its connections that still
     have bytes on their way), then waits (shielded, bounded) for it; so does the worker's
-    death. ``FileNotFoundError`` if there is no ``git``.
+    death. Given the step's ``ctx``, git runs for its attempt (``ctx.process_group``): not
+    started once the lease is lost, and killed when the lease's deadline passes without a
+    renewal even if the worker cannot act (frozen). ``FileNotFoundError`` if there is no
+    ``git``.
     """
     command = ("git", *args)
     full_env = {**os.environ, **_BASE_ENV, **(env or {})}
     stdout, stderr = bytearray(), bytearray()
-    async with durable.process_group(command, cwd=cwd, env=full_env) as process:
+    group = durable.process_group if ctx is None else ctx.process_group
+    async with group(command, cwd=cwd, env=full_env) as process:
         assert process.stdout is not None and process.stderr is not None
         async with anyio.create_task_group() as tg:
             tg.start_soon(_drain, process.stdout, stdout)
@@ -166,11 +171,12 @@ async def init(
 
 
 async def clone(
-    url: str, path: StrPath, *, branch: str | None = None, env: Mapping[str, str] | None = None
+    url: str, path: StrPath, *, branch: str | None = None, env: Mapping[str, str] | None = None,
+    ctx: durable.ActivityContext | None = None,
 ) -> None:
     """Clone ``url`` into the new directory ``path``."""
     extra = ["--branch", branch] if branch else []
-    await run_git("clone", "--quiet", *extra, "--", url, str(path), env=env)
+    await run_git("clone", "--quiet", *extra, "--", url, str(path), env=env, ctx=ctx)
 
 
 async def rev_parse(
@@ -203,7 +209,8 @@ async def commit(
 
 
 async def remote_sha(
-    remote: str, ref: str, *, cwd: StrPath | None = None, env: Mapping[str, str] | None = None
+    remote: str, ref: str, *, cwd: StrPath | None = None, env: Mapping[str, str] | None = None,
+    ctx: durable.ActivityContext | None = None,
 ) -> str | None:
     """The commit ``ref`` is at on ``remote`` (``git ls-remote``), or None if it has no such ref.
 
@@ -211,7 +218,7 @@ async def remote_sha(
     """
     full = _full_ref(ref)
     result = await run_git(
-        "ls-remote", "--exit-code", "--", remote, full, cwd=cwd, env=env, check=False
+        "ls-remote", "--exit-code", "--", remote, full, cwd=cwd, env=env, check=False, ctx=ctx
     )
     if result.returncode == 2:
         return None
@@ -231,9 +238,11 @@ async def push(
     *,
     src: str = "HEAD",
     env: Mapping[str, str] | None = None,
+    ctx: durable.ActivityContext | None = None,
 ) -> PushResult:
-    """Push ``src`` to ``ref`` without force; raises :class:`PushRejectedError` if refused."""
-    return await _push(repo, remote, ref, src, [], env)
+    """Push ``src`` to ``ref`` without force; raises :class:`PushRejectedError` if refused.
+    Given the step's ``ctx``, git runs for its attempt (:func:`run_git`)."""
+    return await _push(repo, remote, ref, src, [], env, ctx)
 
 
 async def force_push_with_lease(
@@ -244,6 +253,7 @@ async def force_push_with_lease(
     expected_sha: str | None,
     src: str = "HEAD",
     env: Mapping[str, str] | None = None,
+    ctx: durable.ActivityContext | None = None,
 ) -> PushResult:
     """Force-push ``src`` to ``ref`` only if the remote ref is still at ``expected_sha``.
 
@@ -251,7 +261,7 @@ async def force_push_with_lease(
     if the remote moved; never forces blindly.
     """
     lease = f"--force-with-lease={_full_ref(ref)}:{expected_sha or ''}"
-    return await _push(repo, remote, ref, src, [lease], env)
+    return await _push(repo, remote, ref, src, [lease], env, ctx)
 
 
 _PUSH_FLAGS = {
@@ -269,11 +279,12 @@ async def _push(
     src: str,
     options: list[str],
     env: Mapping[str, str] | None,
+    ctx: durable.ActivityContext | None,
 ) -> PushResult:
     full = _full_ref(ref)
     sha = await rev_parse(repo, src, env=env)
     args = ["push", "--porcelain", *options, "--", remote, f"{sha}:{full}"]
-    result = await run_git(*args, cwd=repo, env=env, check=False)
+    result = await run_git(*args, cwd=repo, env=env, check=False, ctx=ctx)
     for line in result.stdout.splitlines():
         parts = line.split("\t")
         if len(parts) < 3 or parts[1].partition(":")[2] != full:

@@ -525,7 +525,7 @@ async def _clone_at(ctx: durable.ActivityContext, source: Repo, sha: str, into: 
                     ) -> None:
     url = str(source["clone_url"])
     await git.run_git("clone", "--quiet", "--bare", "--", url, str(into),
-                      env=_git_env(url, ctx))
+                      env=_git_env(url, ctx), ctx=ctx)
     await git.rev_parse(into, sha)  # the exact commit the journal names must be there
 
 
@@ -538,7 +538,7 @@ async def remote_head(ctx: durable.ActivityContext, repo: Repo) -> str | None:
     """The commit the repository's main branch is at (``git ls-remote``), or None."""
     url, branch = str(repo["clone_url"]), str(repo["branch"])
     with _git_deadline(f"git ls-remote {repo['full_name']}"):
-        sha = await git.remote_sha(url, branch, env=_git_env(url, ctx))
+        sha = await git.remote_sha(url, branch, env=_git_env(url, ctx), ctx=ctx)
     ctx.annotate(f"{repo['full_name']} {branch}: at {_short(sha)}")
     return sha
 
@@ -558,7 +558,7 @@ async def force_push(ctx: durable.ActivityContext, source: Repo, sha: str, targe
             try:
                 result = await git.force_push_with_lease(
                     work, target_url, branch, expected_sha=expected_sha, src=sha,
-                    env=_git_env(target_url, ctx))
+                    env=_git_env(target_url, ctx), ctx=ctx)
             except git.StaleLeaseError as exc:
                 raise RemoteMovedError(
                     f"refusing to force-push: {target['full_name']} {branch} is no longer at "
@@ -587,7 +587,7 @@ async def push(ctx: durable.ActivityContext, source: Repo, sha: str,
             await ctx.assert_still_mine()
             try:
                 result = await git.push(work, target_url, branch, src=sha,
-                                        env=_git_env(target_url, ctx))
+                                        env=_git_env(target_url, ctx), ctx=ctx)
             except git.PushRejectedError as exc:
                 raise RemoteMovedError(str(exc)) from exc
     finally:

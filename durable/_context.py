@@ -5,17 +5,21 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
+import os
+import subprocess
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from urllib.parse import quote
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import httpx
 
+from . import _processes
 from ._errors import ConfigError, LeaseLostError
 from ._logging import redact, redact_json
 from ._registry import BoundActivity, positional
@@ -382,6 +386,34 @@ class ActivityContext:
         if self._attempt is None:
             return
         await self._attempt.assert_still_mine()
+
+    @contextlib.asynccontextmanager
+    async def process_group(
+        self,
+        command: Sequence[str],
+        *,
+        stdout: int | IO[Any] | None = subprocess.PIPE,
+        stderr: int | IO[Any] | None = subprocess.PIPE,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[anyio.abc.Process]:
+        """``async with ctx.process_group(["git", "push", ...]) as process:`` runs a program
+        for this attempt, as :func:`durable.process_group` does (a group of its own, killed
+        on a cancel with its connections' unsent bytes dropped, and when the worker dies),
+        and bound to the attempt's lease: the program is refused to start once the lease is
+        lost (:class:`durable.LeaseLostError`, as a request of ``ctx.http``), and its group
+        is killed when the lease's local deadline passes without a renewal, by a watcher in
+        the group, even if the worker is frozen or its event loop blocked and cannot act."""
+        lease = None
+        if self._attempt is not None:
+            if not self._attempt.holds_lease():
+                self._attempt.log.warning("process_refused", program=command[0],
+                                          step=self.step)
+                raise self._attempt.refusal()
+            lease = self._attempt.lease
+        async with _processes.process_group(command, stdout=stdout, stderr=stderr, cwd=cwd,
+                                            env=env, lease=lease) as process:
+            yield process
 
     def cleanup(self, timeout: float | None = None) -> AbstractAsyncContextManager[Any]:
         """``async with ctx.cleanup():`` in a ``finally``: work that still runs when the

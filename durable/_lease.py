@@ -45,6 +45,8 @@ class Lease:
         self.lost: str | None = None
         """Why the lease was lost, once it was; None while it is held."""
         self._bounded: set[anyio.CancelScope] = set()
+        self._watchers: list[Callable[[float], None]] | None = None
+        """Told each renewal's :attr:`boot_deadline` (:meth:`watch`)."""
 
     def renewed(self, sent_at: float, sent_boot: float | None = None) -> None:
         """A renewal sent at ``sent_at`` (anyio time; ``sent_boot`` on boottime) succeeded:
@@ -53,6 +55,20 @@ class Lease:
             self.deadline = max(self.deadline, sent_at + self.length * (1 - LEASE_SAFETY))
             self.boot_deadline = max(self.boot_deadline, _boot_time(sent_at, sent_boot)
                                      + self.length * (1 - LEASE_SAFETY))
+            if self._watchers:
+                for tell in self._watchers:
+                    tell(self.boot_deadline)
+
+    def watch(self, tell: Callable[[float], None]) -> None:
+        """Call ``tell`` with the new :attr:`boot_deadline` at each renewal (a process
+        group's watcher, which kills the group when the deadline passes: ``_processes``)."""
+        if self._watchers is None:
+            self._watchers = []
+        self._watchers.append(tell)
+
+    def unwatch(self, tell: Callable[[float], None]) -> None:
+        if self._watchers is not None and tell in self._watchers:
+            self._watchers.remove(tell)
 
     def holds(self) -> bool:
         """Whether requests and writes may still go out (stopping does not change this)."""

@@ -37,19 +37,45 @@ from typing import IO, Any
 import anyio
 import anyio.abc
 
+from ._lease import Lease
 from ._logging import get_logger
 from ._sockets import reset_if_unacknowledged
 
 __all__ = ["abort_process_group", "process_group"]
 
 _WATCH = """exec 3<&0 </dev/null
-(read _ <&3; kill -s KILL 0) >/dev/null 2>&1 &
+"$1" -S -I -c "$2" "$3" >/dev/null 2>&1 &
+shift 3
 exec "$@" 3<&-
 """
 """Run by ``/bin/sh`` as the group's leader, the pipe as its standard input: keep the pipe
-as fd 3 (single digits: what every ``sh`` redirects), start the watcher on it (its read ends
-when the worker's end closes; then it kills its process group), and become the command
-(same pid, its own exit status), without the pipe and with ``/dev/null`` as its input."""
+as fd 3 (single digits: what every ``sh`` redirects), start the watcher on it, and become
+the command (same pid, its own exit status), without the pipe and with ``/dev/null`` as its
+input. Arguments: the Python to run the watcher with, its code, the first deadline."""
+
+_WATCHER = """import os, select, signal, sys, time
+def now():
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.monotonic()
+deadline = float(sys.argv[1]) if sys.argv[1] else None
+pending = b""
+while deadline is None or now() < deadline:
+    wait = None if deadline is None else min(1.0, max(0.0, deadline - now()))
+    if select.select([3], [], [], wait)[0]:
+        data = os.read(3, 4096)
+        if not data:
+            break
+        *lines, pending = (pending + data).split(b"\\n")
+        if lines:
+            deadline = float(lines[-1])
+os.killpg(0, signal.SIGKILL)
+"""
+"""The watcher, in the group: it kills the group when its read of the pipe ends (the
+worker died, or the block ended) or when the lease's deadline passes (on the clock leases
+are kept on, which counts suspend) without a renewal written to the pipe: the worker may
+be frozen, its event loop blocked, and nobody else can stop the program then. Each line
+written is the next deadline. ``-S -I``: no site, no environment; about 12 ms of CPU."""
 
 _SYS_PIDFD_GETFD = 438
 """``pidfd_getfd(2)`` (Linux 5.6), the same number on every architecture."""
@@ -89,6 +115,7 @@ async def process_group(
     stderr: _Stream = subprocess.PIPE,
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
+    lease: Lease | None = None,
 ) -> AsyncIterator[anyio.abc.Process]:
     """Run ``command`` in a process group of its own, for the length of the block; its
     standard input is ``/dev/null`` (give a program its input as a file).
@@ -97,16 +124,21 @@ async def process_group(
     activity's timeout, an operator's cancel, a lost lease) while the command still runs,
     the group is aborted (:func:`abort_process_group`); then the command is reaped
     (shielded, at most 5 s), and whatever is left of the group is killed by its watcher. If
-    this process dies, the watcher kills the group. ``FileNotFoundError`` if ``command[0]``
-    is not found (on ``env``'s ``PATH``, as ``subprocess`` looks)."""
+    this process dies, the watcher kills the group; with a ``lease``
+    (:meth:`durable.ActivityContext.process_group`), also when the lease's local deadline
+    passes without a renewal, whatever this process is doing. ``FileNotFoundError`` if
+    ``command[0]`` is not found (on ``env``'s ``PATH``, as ``subprocess`` looks)."""
     path = (env if env is not None else os.environ).get("PATH", os.defpath)
     if shutil.which(command[0], path=path) is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
     watched, held = os.pipe()  # not inherited: the watched end is given as stdin
     _held.add(held)
+    os.set_blocking(held, False)  # a renewal never waits for the watcher
+    deadline = "" if lease is None else repr(lease.boot_deadline)
+    python = sys.executable or "python3"
     try:
         process = await anyio.open_process(
-            ["/bin/sh", "-c", _WATCH, "durable-watch", *command],
+            ["/bin/sh", "-c", _WATCH, "durable-watch", python, _WATCHER, deadline, *command],
             stdin=watched, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
             start_new_session=True)
     except BaseException:
@@ -115,6 +147,13 @@ async def process_group(
         raise
     finally:
         os.close(watched)
+
+    def renewed(boot_deadline: float) -> None:
+        with contextlib.suppress(OSError):  # full (the watcher stopped) or gone
+            os.write(held, f"{boot_deadline!r}\n".encode())
+
+    if lease is not None:
+        lease.watch(renewed)
     try:
         yield process
     except BaseException:
@@ -122,6 +161,8 @@ async def process_group(
             await abort_process_group(process.pid)  # shielded: it runs when cancelled
         raise
     finally:
+        if lease is not None:
+            lease.unwatch(renewed)
         with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):
             await process.aclose()
         _held.discard(held)

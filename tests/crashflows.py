@@ -82,7 +82,7 @@ async def crash_poison(ctx: durable.WorkflowContext, log: str) -> None:
 async def git_push(ctx: durable.ActivityContext, work: str, remote: str, sha: str) -> str:
     from activities import git
 
-    return (await git.push(work, remote, "main", src=sha)).sha
+    return (await git.push(work, remote, "main", src=sha, ctx=ctx)).sha
 
 
 @durable.workflow("crash.push")

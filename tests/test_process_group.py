@@ -24,7 +24,7 @@ import pytest
 import durable
 import durable._processes
 
-from .helpers import poll, tcp_queues
+from .helpers import poll, running_worker, tcp_queues
 from .ops import alive
 
 pytestmark = [pytest.mark.anyio,
@@ -166,3 +166,52 @@ def _is_open(fd: int) -> bool:
     except OSError:
         return False
     return True
+
+
+async def test_a_program_outlives_the_first_lease_deadline_while_the_lease_is_renewed(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """The watcher's deadline moves with each renewal: a program that runs for three leases
+    ends by itself, not killed at the first lease's deadline (as it is when the worker
+    stops renewing: ``test_a_push_does_not_outlive_its_worker_or_its_lease``)."""
+
+    @durable.activity(registry=registry)
+    async def long_program(ctx: durable.ActivityContext) -> int | None:
+        async with ctx.process_group(["sleep", "1.5"]) as process:
+            return await process.wait()
+
+    @durable.workflow("proc.long", registry=registry)
+    async def long(ctx: durable.WorkflowContext) -> int | None:
+        return await long_program(ctx)
+
+    async with running_worker(client, registry, lease=0.5):
+        await client.start(long, id="long")
+        run = await client.wait("long", timeout=20)
+    assert (run.state, run.result) == (durable.RunState.COMPLETED, 0), run.error
+
+
+async def test_a_program_is_not_started_for_an_attempt_that_lost_its_lease(
+        client: durable.Client, registry: durable.Registry, tmp_path: Path) -> None:
+    """As a request of ``ctx.http``: once the lease is lost, nothing more is started."""
+    marker = tmp_path / "ran"
+    refused: list[BaseException] = []
+
+    @durable.activity(registry=registry)
+    async def late(ctx: durable.ActivityContext) -> None:
+        assert ctx._attempt is not None
+        ctx._attempt.lose("a renewal found the run taken over")  # as the worker does
+        try:
+            async with ctx.process_group(["touch", str(marker)]) as process:
+                await process.wait()
+        except durable.LeaseLostError as exc:
+            refused.append(exc)
+            raise
+
+    @durable.workflow("proc.late", registry=registry)
+    async def late_run(ctx: durable.WorkflowContext) -> None:
+        await late(ctx)
+
+    async with running_worker(client, registry):
+        await client.start(late_run, id="late")
+        await poll(lambda: refused)
+    assert "no longer holds its lease" in str(refused[0])
+    assert not marker.exists()

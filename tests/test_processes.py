@@ -143,14 +143,9 @@ async def _all_done(client: durable.Client, runs: int) -> bool:
     return len(done) == runs
 
 
-async def test_a_push_dies_with_its_sigkilled_worker(
-        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
-    """A worker SIGKILLed (the OOM killer, a crash) while git pushes: git runs in a process
-    group of its own (so that a cancel can kill all of it), which a signal to the worker
-    does not reach. It is tied to the worker's life: when the worker dies, the whole group
-    is killed, here the remote's pre-receive hook in flight, so the push never lands on
-    behalf of an attempt that is gone while its run is taken over. Before, the push went
-    on, and landed once the hook finished."""
+def _slow_remote(tmp_path: Path) -> tuple[Path, Path, str, str, Path, Path]:
+    """A working copy and a bare remote whose pre-receive hook writes its pid and waits
+    for a gate file (a slow remote): (remote, work, before, after, hook pid file, gate)."""
     remote, work = tmp_path / "remote.git", tmp_path / "work"
     git("init", "--quiet", "--bare", "-b", "main", str(remote), cwd=tmp_path)
     before = commit(work, {"README": "before\n"}, "before")
@@ -159,19 +154,35 @@ async def test_a_push_dies_with_its_sigkilled_worker(
     hook_pid, gate = tmp_path / "hook.pid", tmp_path / "gate"
     hook = remote / "hooks" / "pre-receive"
     hook.write_text(f"#!/bin/sh\necho $$ > {hook_pid}\n"
-                    f"while [ ! -e {gate} ]; do sleep 0.05; done\n")  # a slow remote
+                    f"while [ ! -e {gate} ]; do sleep 0.05; done\n")
     hook.chmod(0o755)
+    return remote, work, before, after, hook_pid, gate
+
+
+@pytest.mark.parametrize("fate", ["killed", "frozen"])
+async def test_a_push_does_not_outlive_its_worker_or_its_lease(
+        db_url: str, tmp_path: Path, anyio_backend: str, fate: str) -> None:
+    """git runs in a process group of its own (so that a cancel can kill all of it), which
+    a signal to the worker does not reach. A worker SIGKILLed (the OOM killer, a crash)
+    while git pushes: the group dies with it (its watcher reads a pipe only the worker
+    held). A worker frozen (SIGSTOP: as a VM paused, an event loop blocked) cannot cancel
+    anything: the watcher kills the group when the lease's local deadline passes without a
+    renewal (a 2 s lease here), before another worker may take the run over. Either way the
+    remote's pre-receive hook in flight dies and the push never lands. Before, the push
+    went on for the attempt that was gone, and landed once the hook finished."""
+    remote, work, before, after, hook_pid, gate = _slow_remote(tmp_path)
     async with durable.Client.connect(db_url) as client:
         await client.start("crash.push", str(work), str(remote), after, id="p1")
-        with worker_process(db_url, "--backend", anyio_backend) as proc:
+        with worker_process(db_url, "--backend", anyio_backend, "--lease", "2") as proc:
             await poll(lambda: hook_pid.exists() and hook_pid.read_text().strip(), timeout=20)
             pid = int(hook_pid.read_text())
-            os.killpg(proc.pid, signal.SIGKILL)  # the worker's group: git is not in it
-            proc.wait(timeout=10)
-        try:
-            await poll(lambda: not alive(pid), timeout=5)
-        except TimeoutError:
-            pytest.fail("the dead worker's push goes on: the remote's hook still runs")
-        finally:
-            gate.touch()
+            # the worker's group: git is not in it
+            os.killpg(proc.pid, signal.SIGKILL if fate == "killed" else signal.SIGSTOP)
+            try:
+                await poll(lambda: not alive(pid), timeout=6)
+            except TimeoutError:
+                pytest.fail(f"the {fate} worker's push goes on: the remote's hook still runs")
+            finally:
+                gate.touch()
+                os.killpg(proc.pid, signal.SIGKILL)
     assert git("rev-parse", "main", cwd=remote) == before
