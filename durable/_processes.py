@@ -4,12 +4,14 @@ with the worker.
 :func:`process_group` runs a command in a process group of its own (a new session), so that
 all of it can be signalled at once, whatever it started (``git`` starts ``git-remote-https``,
 ``ssh``, and on a local push ``git-receive-pack`` and its hooks). The group is tied to the
-worker's life: a watcher in the group (a ``/bin/sh`` subshell, started before the command is
-exec'd in its place) blocks reading a pipe whose only writing end this process holds, and
-kills the group when the read ends. The kernel closes that end when the worker dies however
-it dies (SIGKILL, the OOM killer, a crash), so a push in flight does not go on for an attempt
-that is gone while its run is taken over; the block closes it when it ends, so nothing of
-the group outlives the block either.
+worker's life: a watcher in the group (:data:`_WATCHER`, started by ``/bin/sh`` before the
+command is exec'd in its place) blocks reading a pipe whose only writing end this process
+holds, and kills the group when the read ends. The kernel closes that end when the worker
+dies however it dies (SIGKILL, the OOM killer, a crash), so a push in flight does not go on
+for an attempt that is gone while its run is taken over; the block closes it when it ends,
+so nothing of the group outlives the block either. Bound to an attempt's lease
+(``ActivityContext.process_group``), the watcher also kills the group when the lease's
+local deadline passes without a renewal written to the pipe: a frozen worker cannot act.
 
 :func:`abort_process_group` is the kill on a cancel: the group is stopped, each of its TCP
 connections that holds bytes not yet acknowledged is made to close with a reset
