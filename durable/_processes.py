@@ -248,8 +248,14 @@ def _reset_connections(pgid: int, members: list[int]) -> int:
         try:
             links = {fd: os.readlink(f"/proc/{pid}/fd/{fd}")
                      for fd in os.listdir(f"/proc/{pid}/fd")}
-        except OSError:  # gone, or not ours to look at
-            continue
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ESRCH):  # gone
+                continue
+            # not ours to look at (a process that made itself non-dumpable, a security
+            # policy): nor to borrow from
+            _log.warning("process_connections_unreachable", pgid=pgid, pid=pid,
+                         error=os.strerror(exc.errno or 0))
+            return len(reset)
         sockets = {int(fd): link for fd, link in links.items()
                    if link.startswith("socket:") and link not in reset}
         if not sockets:

@@ -11,7 +11,9 @@ FIN: nothing was outstanding), and the group is dead.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import warnings
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
 import durable
@@ -68,6 +71,25 @@ async def _end(conn: socket.socket, length: int) -> tuple[str, int]:
             received += len(data)
 
 
+async def _line(stream: anyio.abc.ByteReceiveStream) -> bytes:
+    """The next line a program writes (this test's programs write one at a time)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        line += await stream.receive()
+    return line
+
+
+def _whole_request_written(stuck: socket.socket, port: int) -> bool:
+    """Whether the program's whole request is written: part taken in by the service's
+    kernel (``stuck``, not read), the rest unacknowledged in the program's (from ``port``)."""
+    queues = tcp_queues(("127.0.0.1", port), stuck.getsockname())
+    try:
+        taken = len(stuck.recv(REQUEST, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        taken = 0
+    return queues is not None and queues[0] > 0 and queues[0] + taken == REQUEST
+
+
 async def test_the_group_is_killed_and_only_its_connections_with_bytes_on_their_way_reset(
         tmp_path: Path) -> None:
     script = tmp_path / "client.py"
@@ -79,27 +101,16 @@ async def test_the_group_is_killed_and_only_its_connections_with_bytes_on_their_
                          f'{other.getsockname()[1]} & wait'],
             stdin=subprocess.DEVNULL, start_new_session=True)
         async with process:
+            with anyio.fail_after(20):  # the program connects first thing
+                await anyio.wait_readable(service)
             stuck, _ = service.accept()
             idle, _ = other.accept()
             with stuck, idle:
                 assert idle.recv(5) == b"hello"
                 assert process.stdout is not None
-                line = b""
-                while not line.endswith(b"\n"):  # the program's ports, once it has written
-                    line += await process.stdout.receive()
-                ports = line.split()
+                ports = (await _line(process.stdout)).split()  # once it has written
                 stuck_port, idle_port = int(ports[0]), int(ports[1])
-                # the whole request is written: part taken in by the service's kernel,
-                # the rest unacknowledged in the program's
-                def whole_request_written() -> bool:
-                    queues = tcp_queues(("127.0.0.1", stuck_port), service.getsockname())
-                    try:
-                        taken = len(stuck.recv(REQUEST, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-                    except BlockingIOError:
-                        taken = 0
-                    return queues is not None and queues[0] > 0 and queues[0] + taken == REQUEST
-
-                await poll(whole_request_written)
+                await poll(lambda: _whole_request_written(stuck, stuck_port))
                 assert tcp_queues(("127.0.0.1", idle_port), other.getsockname()) == (0, 0)
 
                 assert await durable.abort_process_group(process.pid) == 1
@@ -215,3 +226,76 @@ async def test_a_program_is_not_started_for_an_attempt_that_lost_its_lease(
         await poll(lambda: refused)
     assert "no longer holds its lease" in str(refused[0])
     assert not marker.exists()
+
+
+UNBORROWABLE = """
+import ctypes, socket, sys, time
+ctypes.CDLL(None).prctl(4, 0)  # PR_SET_DUMPABLE 0: only a privileged process may ptrace it
+stuck = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+stuck.sendall(b"x" * int(sys.argv[2]))
+print(stuck.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+ABORTING = """
+import json, logging, subprocess, sys
+import anyio
+import durable
+
+events = []
+handler = logging.Handler()
+handler.emit = lambda record: events.append((record.getMessage(), record.fields))
+logging.getLogger("durable").addHandler(handler)
+
+async def main():
+    process = await anyio.open_process(
+        [sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3]],
+        stdin=subprocess.DEVNULL, stderr=None, start_new_session=True)
+    async with process:
+        line = b""
+        while not line.endswith(b"\\n"):
+            line += await process.stdout.receive()
+        print(line.decode().strip(), flush=True)
+        sys.stdin.readline()  # the test: the whole request is on its way
+        reset = await durable.abort_process_group(process.pid)
+        code = await process.wait()
+    print(json.dumps({"reset": reset, "code": code, "events": events}, default=str),
+          flush=True)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv, to abort without CAP_SYS_PTRACE")
+async def test_a_group_whose_sockets_cannot_be_borrowed_is_still_killed_and_says_so(
+        ) -> None:
+    """Where the program's sockets cannot be looked at or borrowed (here: it made itself
+    non-dumpable, and the aborting process lacks CAP_SYS_PTRACE, so it may not ptrace it),
+    the abort cannot reset its connections: it logs ``process_connections_unreachable``
+    with the reason and kills the group plainly, and what the kernel held is delivered (the
+    limit, shown here: the whole request, then the end of the stream). Before, a refused
+    look at ``/proc/<pid>/fd`` was taken for a process gone, and nothing was said."""
+    with _listener(small=True) as service:
+        process = await anyio.open_process(
+            ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace",
+             sys.executable, "-c", ABORTING, UNBORROWABLE, str(service.getsockname()[1]),
+             str(REQUEST)],
+            cwd=str(Path(durable.__file__).parent.parent), stderr=None)
+        async with process:
+            assert process.stdout is not None and process.stdin is not None
+            with anyio.fail_after(20):  # the program connects first thing
+                await anyio.wait_readable(service)
+            stuck, _ = service.accept()
+            with stuck:
+                port = int(await _line(process.stdout))
+                await poll(lambda: _whole_request_written(stuck, port))
+                await process.stdin.send(b"abort\n")
+                outcome = json.loads(await _line(process.stdout))
+                assert (outcome["reset"], outcome["code"]) == (0, -9), outcome
+                unreachable = [f for message, f in outcome["events"]
+                               if message.startswith("process_connections_unreachable ")]
+                assert unreachable, f"nothing said of what it could not reset: {outcome}"
+                assert unreachable[0]["error"] in ("Permission denied",
+                                                   "Operation not permitted")
+                assert await _end(stuck, REQUEST) == ("end of stream", REQUEST)
