@@ -128,8 +128,9 @@ async def process_group(
     (shielded, at most 5 s), and whatever is left of the group is killed by its watcher. If
     this process dies, the watcher kills the group; with a ``lease``
     (:meth:`durable.ActivityContext.process_group`), also when the lease's local deadline
-    passes without a renewal, whatever this process is doing. ``FileNotFoundError`` if
-    ``command[0]`` is not found (on ``env``'s ``PATH``, as ``subprocess`` looks)."""
+    passes without a renewal, whatever this process is doing. A process that leaves the
+    group (``setsid``, a daemon) is beyond reach. ``FileNotFoundError`` if ``command[0]`` is
+    not found (on ``env``'s ``PATH``, as ``subprocess`` looks)."""
     path = (env if env is not None else os.environ).get("PATH", os.defpath)
     if shutil.which(command[0], path=path) is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
