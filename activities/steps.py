@@ -61,6 +61,7 @@ import httpx
 import durable
 
 from . import config, git
+from ._http import STALE_FENCING_TOKEN
 from .errors import ServiceError, StaleFencingTokenError
 from .githost import CreateOutcome, GitHostClient, Lookup, LookupResult
 from .notify import Notifier
@@ -489,9 +490,17 @@ def _git_env(url: str, ctx: durable.ActivityContext) -> dict[str, str]:
     """For an HTTP(S) remote, headers on each of git's requests through git's environment:
     the step's fencing token, scope and idempotency key, as on every ``ctx.http`` request (a
     fencing git host or proxy compares them; others ignore them), and for https the git
-    host's token."""
+    host's token. For a local remote, the same three as ``DURABLE_FENCING_TOKEN``,
+    ``DURABLE_FENCING_SCOPE`` and ``DURABLE_IDEMPOTENCY_KEY`` in the environment, which its
+    hooks inherit (the fake git host's pre-receive hook fences pushes with them)."""
     if not url.startswith(("https://", "http://")):
-        return {}
+        # a local remote (a path, file://): its hooks run in the pushing git's environment
+        fencing = ctx.fencing_headers
+        if not fencing:
+            return {}
+        return {"DURABLE_FENCING_TOKEN": fencing[durable.FENCING_HEADER],
+                "DURABLE_FENCING_SCOPE": fencing[durable.FENCING_SCOPE_HEADER],
+                "DURABLE_IDEMPOTENCY_KEY": fencing[durable.IDEMPOTENCY_HEADER]}
     headers = [f"{name}: {value}" for name, value in ctx.fencing_headers.items()]
     if url.startswith("https://"):
         headers.append(f"Authorization: Bearer {config.service('githost').token}")
@@ -519,6 +528,16 @@ def _scratch() -> Path:
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="durable-git-", dir=workdir))
+
+
+def _fenced_out(exc: git.PushRejectedError, target: Repo) -> None:
+    """A push the git host refused for a stale fencing token (its hook, or a fencing proxy,
+    says so) means what a service's 409 means: a newer attempt holds the slot, this one
+    stops (:func:`boundary`)."""
+    if STALE_FENCING_TOKEN in exc.stderr:
+        raise durable.LeaseLostError(
+            f"the git host refused a push to {target['full_name']} with a stale fencing "
+            "token: a newer attempt holds the resource, this one stops") from exc
 
 
 async def _clone_at(ctx: durable.ActivityContext, source: Repo, sha: str, into: Path
@@ -560,11 +579,13 @@ async def force_push(ctx: durable.ActivityContext, source: Repo, sha: str, targe
                     work, target_url, branch, expected_sha=expected_sha, src=sha,
                     env=_git_env(target_url, ctx), ctx=ctx)
             except git.StaleLeaseError as exc:
+                _fenced_out(exc, target)
                 raise RemoteMovedError(
                     f"refusing to force-push: {target['full_name']} {branch} is no longer at "
                     f"{_short(expected_sha)}, the commit this run recorded; someone else "
                     "pushed meanwhile") from exc
             except git.PushRejectedError as exc:
+                _fenced_out(exc, target)
                 raise RemoteMovedError(str(exc)) from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -589,6 +610,7 @@ async def push(ctx: durable.ActivityContext, source: Repo, sha: str,
                 result = await git.push(work, target_url, branch, src=sha,
                                         env=_git_env(target_url, ctx), ctx=ctx)
             except git.PushRejectedError as exc:
+                _fenced_out(exc, target)
                 raise RemoteMovedError(str(exc)) from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)

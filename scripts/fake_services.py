@@ -29,7 +29,12 @@ Four services, each shaped after a real API, plus an admin surface:
 
   Every repository is a real bare repository at ``GIT_ROOT/workspace/slug.git``; its
   ``links.clone`` list holds ``{"name": "file", "href": "<absolute path>"}``, usable by
-  ``git clone`` and ``git push``. (Bitbucket answers an existing slug with 400; this fake
+  ``git clone`` and ``git push``. Its pre-receive hook fences pushes: a push whose
+  environment carries ``DURABLE_FENCING_TOKEN`` (with ``DURABLE_FENCING_SCOPE`` and
+  ``DURABLE_IDEMPOTENCY_KEY``: what durable's git steps set) is reported to
+  ``POST /_admin/git-push``, recorded in the ledger as ``PUSH /git/<ws>/<slug>/<ref>`` and
+  refused (the hook declines, saying "stale fencing token") like an API request with a
+  stale token; other pushes pass. (Bitbucket answers an existing slug with 400; this fake
   uses 409 so that "already exists" cannot be confused with a malformed request.)
   Errors are ``{"type": "error", "error": {"message": ...}}``.
 
@@ -61,7 +66,8 @@ and then mangles the answer -- the ambiguous outcomes a durable engine must surv
 Admin (no auth): ``POST /_admin/seed``, ``POST|GET|DELETE /_admin/faults``,
 ``DELETE /_admin/faults/{id}``, ``GET /_admin/ledger``, ``GET /_admin/state``,
 ``GET /_admin/notifications``, ``POST /_admin/release`` (drop the requests held by ``hang``
-faults), ``POST /_admin/reset``, ``GET /_admin/health``.
+faults), ``POST /_admin/reset``, ``GET /_admin/health``, ``POST /_admin/git-push`` (the
+repositories' hooks).
 
 Run: ``python scripts/fake_services.py --port 0 --git-root DIR --ready-file FILE``. The
 token comes from ``--token``, else ``$FAKE_SERVICES_TOKEN``, else ``test-token``; it is
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=2,
     )
     assert isinstance(app, FakeServicesApp)
+    app.fake_state.url = url  # the repositories' hooks report pushes here
     server = _Server(config, app.fake_state, url, args.ready_file)
     try:
         server.run(sockets=[sock])

@@ -15,7 +15,7 @@ import durable
 from durable import RunState
 
 from .helpers import poll, running_worker
-from .ops import Ops, ops_fixture  # noqa: F401
+from .ops import Ops, git_head, ops_fixture  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 TEMPLATE = "/2.0/repositories/templates/starter"
@@ -85,3 +85,48 @@ async def test_a_run_without_a_key_is_fenced_in_its_own_scope(ops: Ops) -> None:
         done = await ops.client.wait("reset-d", timeout=30)
     assert done.state is RunState.COMPLETED, done.error
     assert {e["fencing_scope"] for e in ops.services.ledger()} == {"run:reset-d"}
+
+
+async def test_a_force_push_carries_the_attempts_token_to_the_git_host(ops: Ops) -> None:
+    """git does not go through ``ctx.http``: the step gives git the fencing token, scope
+    and idempotency key (for a local remote, in the environment its hooks inherit); the
+    fake git host's pre-receive hook fences the push like an API request, in the ledger."""
+    await ops.slot("slot-g")
+    done = await ops.run("slot.reset", "slot-g", key="slot-g", id="reset-g")
+    assert done.state is RunState.COMPLETED, done.error
+    journal = await ops.client.journal("reset-g")
+    [key] = {f"reset-g/{e.step_key}" for e in journal if e.name == "git.force_push_with_lease"}
+    [push] = ops.requests("PUSH")
+    assert (push["path"], push["fencing_token"], push["fencing_scope"],
+            push["idempotency_key"], push["refused"]) == (
+        "/git/slots/slot-g/refs/heads/main", done.epoch, "key:slot-g", key, False)
+
+
+async def test_a_push_of_an_attempt_superseded_meanwhile_is_refused_by_the_git_host(
+        ops: Ops) -> None:
+    """A newer attempt of the slot's key shows itself (token 999, on the template) while
+    this run deletes the slot's volume (the answer comes 2 s after the delete). The run's
+    force push, next, carries the older token: the git host's fence refuses it, the branch
+    does not move, and the attempt stops as at a service's 409, sending and writing
+    nothing more."""
+    await ops.slot("slot-h")
+    repo = ops.services.repo_path("slots", "slot-h")
+    before = git_head(repo)
+    volume = "/api/v1/applications/app-slot-h/storages/vol-slot-h"
+    ops.services.add_fault(volume, method="DELETE", latency=2.0, phase="after")
+    await ops.client.start("slot.reset", "slot-h", id="reset-h", key="slot-h")
+    counters = durable.Counters()
+    async with running_worker(ops.client, durable.default_registry, interceptors=[counters]):
+        await ops.services.wait_for_entry(lambda e: e["path"] == volume and e["handled"])
+        async with httpx.AsyncClient() as http:
+            newer = await http.get(f"{ops.services.url}{TEMPLATE}", headers={
+                "Authorization": f"Bearer {ops.services.token}", durable.FENCING_HEADER: "999",
+                durable.FENCING_SCOPE_HEADER: "key:slot-h"})
+        assert newer.status_code == 200
+        await poll(lambda: counters.claimed == counters.attempts_ended == 1)  # it ended
+    [refused] = [e for e in ops.services.ledger() if e["refused"]]
+    assert (refused["method"], refused["path"]) == ("PUSH", "/git/slots/slot-h/refs/heads/main")
+    assert ops.services.ledger()[-1]["seq"] == refused["seq"]  # nothing sent after it
+    assert git_head(repo) == before
+    assert ops.services.notifications() == []
+    assert (await ops.record("slot-h")).state_reason is None

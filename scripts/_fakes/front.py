@@ -177,21 +177,13 @@ class _Exchange:
         token = int(raw)
         self.entry["fencing_token"] = token
         scope = self.entry["fencing_scope"]
-        if scope is not None:
-            if not scope.strip():
-                await self._reply_json(400, {"error": "empty fencing scope"})
-                return False
-            fences, name = self.state.scope_fences, scope
-        elif self.entry["resource"] is not None:
-            fences, name = self.state.fences, self.entry["resource"]
-        else:
-            return True
-        highest = fences.get(name)
-        if highest is not None and token < highest:
+        if scope is not None and not scope.strip():
+            await self._reply_json(400, {"error": "empty fencing scope"})
+            return False
+        if not self.state.fence(token, scope, self.entry["resource"]):
             self.entry["refused"] = True
             await self._reply_json(409, STALE_FENCE)
             return False
-        fences[name] = token
         return True
 
     async def _apply(self, fault: Fault, captured: list[Message] | None) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import uuid
 from typing import Any
@@ -16,6 +17,7 @@ from .state import (
     IDEMPOTENCY_HEADER,
     NAME,
     REPLAYED_HEADER,
+    STALE_FENCE,
     Fault,
     ServiceState,
     TtsRecord,
@@ -228,6 +230,30 @@ class Handlers:
         ]
         return JSONResponse({"cleared": before - len(self.state.faults)})
 
+    async def admin_git_push(self, request: Request) -> Response:
+        """A push reported by a repository's pre-receive hook (``state._FENCE_HOOK``): in
+        the ledger as ``PUSH /git/<repo>/<ref>``, fenced like an API request."""
+        report = await request.json()
+        token = str(report.get("token", ""))
+        if not re.fullmatch(r"\d{1,18}", token.strip()):
+            return JSONResponse({"error": "invalid fencing token"}, status_code=400)
+        repo, refs = str(report["repo"]), [str(ref) for ref in report.get("refs", [])]
+        at = now()
+        entry: dict[str, Any] = {
+            "seq": self.state.next_id(), "method": "PUSH",
+            "path": f"/git/{repo}/{','.join(refs)}", "query": "",
+            "resource": f"repo:{repo}", "idempotency_key": report.get("idempotency_key"),
+            "fencing_token": int(token), "fencing_scope": report.get("scope"),
+            "arrived_at": at, "ended_at": at, "status": 200, "handled": True,
+            "disconnected": False, "disconnected_at": None, "dropped": False,
+            "refused": False, "billed": False, "faults": [],
+        }
+        self.state.ledger.append(entry)
+        if not self.state.fence(int(token), entry["fencing_scope"], entry["resource"]):
+            entry["refused"], entry["status"] = True, 409
+            return JSONResponse(STALE_FENCE, status_code=409)
+        return JSONResponse({"accepted": refs})
+
     async def admin_ledger(self, request: Request) -> Response:
         return JSONResponse({"entries": self.state.ledger})
 
@@ -293,6 +319,7 @@ def routes(state: ServiceState) -> list[Route]:
         Route("/_admin/faults", h.admin_clear_faults, methods=["DELETE"]),
         Route("/_admin/faults/{fault_id}", h.admin_delete_fault, methods=["DELETE"]),
         Route("/_admin/ledger", h.admin_ledger, methods=["GET"]),
+        Route("/_admin/git-push", h.admin_git_push, methods=["POST"]),
         Route("/_admin/state", h.admin_state, methods=["GET"]),
         Route("/_admin/notifications", h.admin_notifications, methods=["GET"]),
         Route("/_admin/release", h.admin_release, methods=["POST"]),

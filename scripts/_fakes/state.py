@@ -8,6 +8,7 @@ import itertools
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -164,7 +165,25 @@ class ServiceState:
     scope_fences: dict[str, int] = field(default_factory=dict)
     """The highest token seen per fencing scope (``Durable-Fencing-Scope``), any resource."""
     release: anyio.Event | None = None
+    url: str = ""
+    """Where the services listen (set once serving): the repositories' hooks report to it."""
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def fence(self, token: int, scope: str | None, resource: str | None) -> bool:
+        """Whether a request with fencing ``token`` may act: not lower than the highest
+        seen in its ``scope`` (any resource), or, naming no scope, on its ``resource``; the
+        highest is moved on when it may."""
+        if scope is not None:
+            fences, name = self.scope_fences, scope
+        elif resource is not None:
+            fences, name = self.fences, resource
+        else:
+            return True
+        highest = fences.get(name)
+        if highest is not None and token < highest:
+            return False
+        fences[name] = token
+        return True
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -232,6 +251,40 @@ async def _git(*args: str, cwd: Path | None = None) -> None:
     await anyio.run_process(["git", *args], cwd=cwd, env={**os.environ, **_GIT_ENV})
 
 
+_FENCE_HOOK = """#!{python}
+# The git host's fence, as the HTTP services': a push by a durable step (its fencing token,
+# scope and idempotency key in the environment, which a local push's hooks inherit) is
+# reported to the services, which record it in the ledger and refuse a superseded token.
+import json, os, sys, urllib.error, urllib.request
+token = os.environ.get("DURABLE_FENCING_TOKEN")
+if token is None:
+    sys.exit(0)  # not a durable step's push (a test's own setup, the seed)
+refs = [line.split()[2] for line in sys.stdin if len(line.split()) == 3]
+report = {{"repo": {repo!r}, "token": token, "refs": refs,
+          "scope": os.environ.get("DURABLE_FENCING_SCOPE"),
+          "idempotency_key": os.environ.get("DURABLE_IDEMPOTENCY_KEY")}}
+request = urllib.request.Request({url!r} + "/_admin/git-push", json.dumps(report).encode(),
+                                 {{"Content-Type": "application/json"}})
+try:
+    urllib.request.urlopen(request, timeout=30).close()
+except urllib.error.HTTPError as exc:
+    print(json.loads(exc.read()).get("error", exc.reason), file=sys.stderr)
+    sys.exit(1)
+except OSError as exc:
+    print(f"the git host's fence cannot be asked: {{exc}}", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def _install_fence(state: ServiceState, path: Path, repo: str) -> None:
+    """The repository's pre-receive hook: its pushes fenced like the API's requests."""
+    if not state.url:  # not serving (an app built in a test): no one to ask
+        return
+    hook = path / "hooks" / "pre-receive"
+    hook.write_text(_FENCE_HOOK.format(python=sys.executable, repo=repo, url=state.url))
+    hook.chmod(0o755)
+
+
 def _write_files(work: Path, files: dict[str, str]) -> None:
     for name, content in files.items():
         target = (work / name).resolve()
@@ -275,6 +328,7 @@ async def create_repository(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         await _git("init", "--quiet", "--bare", "-b", branch, str(path))
+        _install_fence(state, path, f"{workspace}/{slug}")
         if files:
             with tempfile.TemporaryDirectory() as tmp:
                 work = Path(tmp)
