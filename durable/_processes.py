@@ -4,14 +4,15 @@ with the worker.
 :func:`process_group` runs a command in a process group of its own (a new session), so that
 all of it can be signalled at once, whatever it started (``git`` starts ``git-remote-https``,
 ``ssh``, and on a local push ``git-receive-pack`` and its hooks). The group is tied to the
-worker's life: a watcher in the group (:data:`_WATCHER`, started by ``/bin/sh`` before the
-command is exec'd in its place) blocks reading a pipe whose only writing end this process
+worker's life: a watcher in the group (started by ``/bin/sh`` before the command is exec'd
+in its place: :data:`_WATCH`) blocks reading a pipe whose only writing end this process
 holds, and kills the group when the read ends. The kernel closes that end when the worker
 dies however it dies (SIGKILL, the OOM killer, a crash), so a push in flight does not go on
 for an attempt that is gone while its run is taken over; the block closes it when it ends,
 so nothing of the group outlives the block either. Bound to an attempt's lease
-(``ActivityContext.process_group``), the watcher also kills the group when the lease's
-local deadline passes without a renewal written to the pipe: a frozen worker cannot act.
+(``ActivityContext.process_group``), the watcher (then :data:`_WATCHER`, in Python) also
+kills the group when the lease's local deadline passes without a renewal written to the
+pipe: a frozen worker cannot act.
 
 :func:`abort_process_group` is the kill on a cancel: the group is stopped, each of its TCP
 connections that holds bytes not yet acknowledged is made to close with a reset
@@ -46,14 +47,20 @@ from ._sockets import reset_if_unacknowledged
 __all__ = ["abort_process_group", "process_group"]
 
 _WATCH = """exec 3<&0 </dev/null
-"$1" -S -I -c "$2" "$3" >/dev/null 2>&1 &
+if [ -n "$3" ]; then
+    "$1" -S -I -c "$2" "$3" >/dev/null 2>&1 &
+else
+    (read _ <&3; kill -s KILL 0) >/dev/null 2>&1 &
+fi
 shift 3
 exec "$@" 3<&-
 """
 """Run by ``/bin/sh`` as the group's leader, the pipe as its standard input: keep the pipe
 as fd 3 (single digits: what every ``sh`` redirects), start the watcher on it, and become
 the command (same pid, its own exit status), without the pipe and with ``/dev/null`` as its
-input. Arguments: the Python to run the watcher with, its code, the first deadline."""
+input. Arguments: the Python to run the watcher with, its code, the first deadline. With no
+deadline (no lease to follow) the watcher is a subshell that kills the group when its read
+ends, which costs a fork instead of a Python's start."""
 
 _WATCHER = """import os, select, signal, sys, time
 def now():
@@ -77,7 +84,8 @@ os.killpg(0, signal.SIGKILL)
 worker died, or the block ended) or when the lease's deadline passes (on the clock leases
 are kept on, which counts suspend) without a renewal written to the pipe: the worker may
 be frozen, its event loop blocked, and nobody else can stop the program then. Each line
-written is the next deadline. ``-S -I``: no site, no environment; about 12 ms of CPU."""
+written is the next deadline. ``-S -I``: no site, no environment; about 12 ms of CPU, so
+only for a group bound to a lease (:data:`_WATCH`)."""
 
 _SYS_PIDFD_GETFD = 438
 """``pidfd_getfd(2)`` (Linux 5.6), the same number on every architecture."""
