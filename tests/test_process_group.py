@@ -1,14 +1,17 @@
 """durable.process_group and durable.abort_process_group: a program an activity runs.
 
-abort_process_group: a killed program's requests still on their way are dropped.
+The abort: a real process group (a shell and the Python program it started, a grandchild
+of the test) holds two loopback connections: on one it wrote 64 KiB that the service has
+not taken in (its receive window shut), on the other a few bytes the service read. The
+abort resets the first (the service gets a reset, never the whole request) and closes the
+second as usual (a FIN: nothing was outstanding), and the group is dead; where it may not
+borrow the sockets, it says so and kills plainly.
 
-A real process group (a shell and the Python program it started, a grandchild of the test)
-holds two loopback connections: on one it wrote 64 KiB that the service has not taken in
-(its receive window shut), on the other a few bytes the service read. The abort resets the
-first (the service gets a reset, never the whole request) and closes the second as usual (a
-FIN: nothing was outstanding), and the group is dead.
+The group: nothing of it outlives the block, a cancel kills it before going on, a forked
+child does not keep it alive, and bound to an attempt's lease it is refused once the lease
+is lost and lives on while the lease is renewed. Its death with the worker and at the
+lease's deadline: ``tests/test_processes.py``.
 """
-
 from __future__ import annotations
 
 import json
