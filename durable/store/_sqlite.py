@@ -144,6 +144,13 @@ def _entry_params(fence: Fence, entry: JournalWrite, now: float) -> dict[str, An
     }
 
 
+_SHORT_OF_SPACE = ("I/O error", "full", "No space")
+"""What SQLite says when the disk may be full (:meth:`SqliteStore._explain`)."""
+
+_CANNOT_WRITE = ("unable to open", "readonly")
+"""What SQLite says when it may not write beside the database (a read-only mount)."""
+
+
 class SqliteStore(Store):
     """A store in one SQLite file, shared safely by several processes."""
 
@@ -370,7 +377,8 @@ class SqliteStore(Store):
                 raise NotSentError(f"SQLite database {self.path}: {self._explain(exc)}; "
                                    "nothing was written") from exc
             if "unable to open" in message:
-                raise StoreUnavailableError(f"SQLite database {self.path}: {message}") from exc
+                raise StoreUnavailableError(
+                    f"SQLite database {self.path}: {self._explain(exc)}") from exc
             if "not a database" in message or "malformed" in message:
                 raise StoreUnavailableError(
                     f"{self.path} is not a readable SQLite database: {message}"
@@ -384,9 +392,9 @@ class SqliteStore(Store):
         open, read commands too). A file system mounted read-only: SQLite says "unable to
         open database file" (or "attempt to write a readonly database")."""
         message = str(exc)
-        if self.path == ":memory:" or not any(
-                word in message for word in ("I/O error", "full", "No space", "unable to open",
-                                             "readonly")):
+        short = any(word in message for word in _SHORT_OF_SPACE)
+        if self.path == ":memory:" or not (short or any(word in message
+                                                        for word in _CANNOT_WRITE)):
             return message
         folder = Path(self.path).absolute().parent
         try:
@@ -400,8 +408,7 @@ class SqliteStore(Store):
                     "to open it, to read it too; copy the file to a writable folder to read "
                     "it there")
         free = st.f_bavail * st.f_frsize
-        if free >= LOW_SPACE or not any(word in message for word in
-                                        ("I/O error", "full", "No space")):
+        if free >= LOW_SPACE or not short:
             return message
         return f"{message} (the file system holding it has {free:,} bytes free)"
 

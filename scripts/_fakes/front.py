@@ -66,27 +66,10 @@ class _Exchange:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         key = headers.get(IDEMPOTENCY_HEADER)
-        self.entry: dict[str, Any] = {
-            "seq": self.state.next_id(),
-            "method": self.method,
-            "path": self.path,
-            "query": scope.get("query_string", b"").decode("latin-1"),
-            "resource": _resource_of(self.path, key),
-            "idempotency_key": key,
-            "fencing_token": None,
-            "fencing_scope": headers.get(FENCING_SCOPE_HEADER),
-            "arrived_at": now(),
-            "ended_at": None,
-            "status": None,
-            "handled": False,
-            "disconnected": False,
-            "disconnected_at": None,
-            "dropped": False,
-            "refused": False,
-            "billed": False,
-            "faults": [],
-        }
-        self.state.ledger.append(self.entry)
+        self.entry = self.state.record(
+            self.method, self.path, query=scope.get("query_string", b"").decode("latin-1"),
+            resource=_resource_of(self.path, key), idempotency_key=key,
+            fencing_scope=headers.get(FENCING_SCOPE_HEADER))
         scope["fake.entry"] = self.entry
         self.body: bytes | None = b""
         self.gone = anyio.Event()  # the connection is closed (by either side)
@@ -171,10 +154,10 @@ class _Exchange:
         raw = self.headers.get(FENCING_HEADER)
         if raw is None:
             return True
-        if not re.fullmatch(r"\d{1,18}", raw.strip()):
+        token = self.state.parse_token(raw)
+        if token is None:
             await self._reply_json(400, {"error": "invalid fencing token"})
             return False
-        token = int(raw)
         self.entry["fencing_token"] = token
         scope = self.entry["fencing_scope"]
         if scope is not None and not scope.strip():

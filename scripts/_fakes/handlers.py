@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 import uuid
 from typing import Any
@@ -234,22 +233,17 @@ class Handlers:
         """A push reported by a repository's pre-receive hook (``state._FENCE_HOOK``): in
         the ledger as ``PUSH /git/<repo>/<ref>``, fenced like an API request."""
         report = await request.json()
-        token = str(report.get("token", ""))
-        if not re.fullmatch(r"\d{1,18}", token.strip()):
+        token = self.state.parse_token(str(report.get("token", "")))
+        if token is None:
             return JSONResponse({"error": "invalid fencing token"}, status_code=400)
         repo, refs = str(report["repo"]), [str(ref) for ref in report.get("refs", [])]
-        at = now()
-        entry: dict[str, Any] = {
-            "seq": self.state.next_id(), "method": "PUSH",
-            "path": f"/git/{repo}/{','.join(refs)}", "query": "",
-            "resource": f"repo:{repo}", "idempotency_key": report.get("idempotency_key"),
-            "fencing_token": int(token), "fencing_scope": report.get("scope"),
-            "arrived_at": at, "ended_at": at, "status": 200, "handled": True,
-            "disconnected": False, "disconnected_at": None, "dropped": False,
-            "refused": False, "billed": False, "faults": [],
-        }
-        self.state.ledger.append(entry)
-        if not self.state.fence(int(token), entry["fencing_scope"], entry["resource"]):
+        entry = self.state.record("PUSH", f"/git/{repo}/{','.join(refs)}",
+                                  resource=f"repo:{repo}",
+                                  idempotency_key=report.get("idempotency_key"),
+                                  fencing_scope=report.get("scope"))
+        entry.update(fencing_token=token, ended_at=entry["arrived_at"], status=200,
+                     handled=True)
+        if not self.state.fence(token, entry["fencing_scope"], entry["resource"]):
             entry["refused"], entry["status"] = True, 409
             return JSONResponse(STALE_FENCE, status_code=409)
         return JSONResponse({"accepted": refs})

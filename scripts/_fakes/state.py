@@ -169,6 +169,11 @@ class ServiceState:
     """Where the services listen (set once serving): the repositories' hooks report to it."""
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
+    @staticmethod
+    def parse_token(raw: str) -> int | None:
+        """A ``Durable-Fencing-Token`` as sent, as an integer; None if it is not one."""
+        return int(raw) if re.fullmatch(r"\d{1,18}", raw.strip()) else None
+
     def fence(self, token: int, scope: str | None, resource: str | None) -> bool:
         """Whether a request with fencing ``token`` may act: not lower than the highest
         seen in its ``scope`` (any resource), or, naming no scope, on its ``resource``; the
@@ -187,6 +192,33 @@ class ServiceState:
 
     def next_id(self) -> int:
         return next(self._ids)
+
+    def record(self, method: str, path: str, *, query: str = "", resource: str | None,
+               idempotency_key: str | None, fencing_scope: str | None) -> dict[str, Any]:
+        """A new ledger entry for a request as it arrives (the front fills in the rest as
+        it goes: token, status, faults, when it ended)."""
+        entry: dict[str, Any] = {
+            "seq": self.next_id(),
+            "method": method,
+            "path": path,
+            "query": query,
+            "resource": resource,
+            "idempotency_key": idempotency_key,
+            "fencing_token": None,
+            "fencing_scope": fencing_scope,
+            "arrived_at": now(),
+            "ended_at": None,
+            "status": None,
+            "handled": False,
+            "disconnected": False,
+            "disconnected_at": None,
+            "dropped": False,
+            "refused": False,
+            "billed": False,
+            "faults": [],
+        }
+        self.ledger.append(entry)
+        return entry
 
     def release_event(self) -> anyio.Event:
         if self.release is None:
