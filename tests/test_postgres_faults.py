@@ -737,14 +737,24 @@ class ReadOnlyRole:
                            .format(sql.Identifier(self.name), sql.SQL("on" if on else "off")))
 
     async def end_sessions(self) -> None:
-        """End the role's sessions, and wait until they are gone (their FATAL is then on
-        the sockets, where the store's checkout sees it)."""
+        """End the role's sessions opened before now, and wait until they are gone (their
+        FATAL is then on the sockets, where the store's checkout sees it).
+
+        Only those: a session opened meanwhile is read-only already, and ending it too
+        without waiting for it would let a statement sent on it meet its end, an outcome
+        unknown rather than the refusal these tests are about. The ending is sent again
+        until none is left, since a session still authenticating has no user name yet in
+        ``pg_stat_activity`` and slips through one round."""
         began = _one(self.admin, "SELECT now()")
-        self.admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                           "WHERE usename = %s", (self.name,))
-        await poll(lambda: _one(
-            self.admin, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
-            "AND backend_start < %s", (self.name, began)) == 0)
+
+        def left() -> int:
+            self.admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE usename = %s AND backend_start < %s", (self.name, began))
+            return int(_one(self.admin, "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE (usename = %s OR usename IS NULL) AND backend_start < %s "
+                            "AND backend_type = 'client backend'", (self.name, began)))
+
+        await poll(lambda: left() == 0)
 
     def drop(self) -> None:
         self.admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
