@@ -48,6 +48,10 @@ READ_BACK_PAGE = 1000
 """Running runs read per page when a claim got no answer (:meth:`Worker._give_back_unheld`):
 every page is read, since other workers' running runs are on them too."""
 
+DUE_FLOOR = 0.001
+"""The shortest wait for a run to become due (seconds): a run read as due in a moment is
+claimed after at least this, so a store clock that lags the loop's cannot make it spin."""
+
 HANDED_KEPT = 2
 """Runs handed over by starts in this process (:meth:`Worker.wake`) kept until the claim
 loop looks: only one alone is claimed without a read, so a second is kept only to know
@@ -193,6 +197,14 @@ class Worker:
         """An attempt's end would have woken the claim loop while no slot was free (the
         claim that rode on its finish took the slot): the next end that frees one wakes it
         (:meth:`_slot_freed`)."""
+        self._due_at: float | None = None
+        """When (``anyio.current_time()``) the earliest queued run that was not due at the
+        last look becomes due (a delayed start, a released wait, a retry delay): the claim
+        loop's wait ends then, whatever the poll. None: none, or not known."""
+        self._due_owed = True
+        """Whether the claim loop read the queue since it last looked when the next run is
+        due: it looks again before it waits (docs/design.md, *A timer does not wait for a
+        poll*)."""
         self._changed = anyio.Event()
         self.log = get_logger("durable.worker", worker=self.worker_id)
         self.interceptors = tuple(interceptors)
@@ -331,6 +343,7 @@ class Worker:
                         if free == 1 or not self._more_queued:
                             read = self._hand_claims(free, workflows)
                             if read is None and free == 1:
+                                self._due_owed = True
                                 read = await self._read_claims(free, workflows)
                         if read is not None:  # claims that ride on the attempts' first writes
                             took = frozenset(claim.read.id for claim in read)
@@ -342,6 +355,7 @@ class Worker:
                         else:
                             # this claim reads all that is queued, handed over or not
                             self._handed, self._read_owed = {}, False
+                            self._due_owed = True
                             ramp = self.store.claim_ramp
                             if ramp is not None and free > ramp:
                                 # the rest by the next claim, at once (Store.claim_ramp)
@@ -375,11 +389,29 @@ class Worker:
             if self._stopping:
                 break
             wait = self.poll_interval * min(2 ** failures, 20)
+            if self._free_slots() > 0:  # with none free, an attempt's end claims (_claims_after)
+                due = await self._next_due(workflows) if self._due_owed else self._due_at
+                if due is not None:
+                    wait = min(wait, max(due - anyio.current_time(), DUE_FLOOR))
             with anyio.move_on_after(wait) as polled:
                 await self._wake.wait()
             self._wake = anyio.Event()
-            if polled.cancelled_caught:
-                self._read_owed = True
+            if polled.cancelled_caught:  # the poll, or a run became due: read the queue
+                self._read_owed = self._due_owed = True
+
+    async def _next_due(self, workflows: list[str]) -> float | None:
+        """When the earliest queued run of this worker's workflows that is not due yet
+        becomes due (:attr:`_due_at`), read from the store; None if none (or the read
+        failed: then the poll, and another look after it)."""
+        try:
+            due_in = await self.store.next_due_in(workflows)
+        except StoreError as exc:
+            self.log.warning("next_due_failed", error=str(exc))
+            self._due_at = None
+            return None
+        self._due_owed = False
+        self._due_at = None if due_in is None else anyio.current_time() + due_in
+        return self._due_at
 
     async def _give_back_unheld(self) -> None:
         """A claim got no answer: it may have claimed runs all the same, which no attempt
@@ -603,7 +635,9 @@ class Worker:
         was woken with none free), its run given back or released to wait (due at once
         if its signal came meanwhile), the next run of its concurrency key. A run that
         finished otherwise leaves nothing: claiming after it would find nothing, and
-        whatever else queued meanwhile woke the loop itself."""
+        whatever else queued meanwhile woke the loop itself. (No slot free means the last
+        claim took all it could, so the end of an attempt then claims: a run that became due
+        meanwhile is claimed without waiting for the poll.)"""
         return (self._more_queued or self._stopping or ended not in SETTLED
                 or attempt.run.key is not None)
 

@@ -116,7 +116,8 @@ async def worker_on(store: Store, *, signals: bool = True, poll: float = 0.5,
 
 
 STORE_CALLS = ("now", "create_run", "get_run", "claim", "claim_with", "append", "finish",
-               "release", "renew", "recover_stale", "cancels_requested", "journal")
+               "release", "renew", "recover_stale", "cancels_requested", "next_due_in",
+               "journal")
 """The store methods that reach the database (each one statement or transaction; not the
 waits on a change signal, not notify_finished, which is no statement on either store)."""
 

@@ -69,6 +69,14 @@ async def call(ctx: durable.WorkflowContext, url: str) -> int:
     return int(await get(ctx, url))
 
 
+@durable.workflow("pg.nap")
+async def nap(ctx: durable.WorkflowContext, out_dir: str, seconds: float) -> str:
+    """A durable sleep, then a step: with a wait threshold below ``seconds`` the attempt
+    releases the run, due again ``seconds`` later."""
+    await ctx.sleep(seconds)
+    return str(await reserve(ctx, out_dir))
+
+
 async def _run_worker(args: argparse.Namespace) -> None:
     from durable.store import store_from_url
 

@@ -72,7 +72,7 @@ def test_the_store_boundary_is_public_in_durable_store() -> None:
 
 
 CAPABILITIES = ["pushes_changes", "change_watcher", "change_token", "wait_for_work",
-                "wait_for_finished", "notify_finished", "cancels_requested"]
+                "wait_for_finished", "notify_finished", "cancels_requested", "next_due_in"]
 
 
 def test_optional_store_capabilities_have_a_default_and_are_never_probed() -> None:

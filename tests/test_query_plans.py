@@ -52,6 +52,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "claimable": ("SEARCH r USING INDEX durable_runs_queue (run_at<?)",
                   "SEARCH y USING INDEX durable_runs_queued_by_key (concurrency_key=?)"),
     "next_run_at": ("SEARCH durable_runs USING INDEX durable_runs_queue",),
+    # the worker's wait for a run not due yet: the queue index's range after now, in order
+    "next_due": ("SEARCH r USING INDEX durable_runs_queue (run_at>?)",),
     "queue_stats": ("SEARCH durable_runs USING INDEX durable_runs_queue (run_at<?)",),
     "prunable_runs": ("SEARCH durable_runs USING INDEX durable_runs_by_end "
                       "(state=? AND (updated_at,id)>(?,?) AND updated_at<?)",),
@@ -79,7 +81,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                        "(id=?)", "SCAN 2 CONSTANT ROWS"),
 }
 # the claim's order and the list's come from their index: no sort
-UNSORTED = {"claim", "claimable", "latest_run", "prunable_runs", "prune_mark"}
+UNSORTED = {"claim", "claimable", "latest_run", "next_due", "prunable_runs", "prune_mark"}
 # fragments and templates (planned as parts of the statements above), and bulk seeding
 SKIP = re.compile(r"runs_where_.*|claim_which_.*|claimable_where|recover_which_.*|recover"
                   r"|list_runs|count_runs|seed_run|insert_run")

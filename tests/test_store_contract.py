@@ -173,6 +173,30 @@ async def test_list_latest_and_next_run_at(store: Store, clock: FakeClock) -> No
     assert await store.next_run_at() == clock.now()
 
 
+async def test_next_due_in_is_the_wait_until_the_earliest_run_not_due_yet(
+        store: Store, clock: FakeClock) -> None:
+    """The worker's wait for a run not due yet (Worker._next_due): seconds by the store's
+    clock, of the given workflows only; a due run, a running one and a finished one are not
+    waited for."""
+    assert await store.next_due_in(["wf"]) is None
+    await create(store, "due")  # due now: the claim's, not a wait's
+    assert await store.next_due_in(["wf"]) is None
+    await create(store, "later", delay=30)
+    await create(store, "other", workflow="other", delay=5)
+    await create(store, "sooner", delay=12)
+    assert await store.next_due_in(["wf"]) == pytest.approx(12)
+    assert await store.next_due_in(["other", "wf"]) == pytest.approx(5)
+    assert await store.next_due_in(None) == pytest.approx(5)
+    assert await store.next_due_in(["none"]) is None
+    clock.advance(12)  # "sooner" is due now: "later" is next, 18 s on
+    assert await store.next_due_in(["wf"]) == pytest.approx(18)
+    claimed = await store.claim("w", 30.0, 10, workflows=["wf"])
+    assert {r.id for r in claimed} == {"due", "sooner"}
+    assert await store.next_due_in(["wf"]) == pytest.approx(18)
+    clock.advance(18)
+    assert await store.next_due_in(["wf"]) is None
+
+
 # -- claiming ------------------------------------------------------------------------------------
 async def test_claim_exactly_once_under_concurrent_claims(store_url: str, clock: FakeClock,
                                                           store: Store) -> None:

@@ -8,8 +8,8 @@ import queue
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -201,32 +201,85 @@ async def test_a_worker_in_another_process_is_woken(
         request: pytest.FixtureRequest) -> None:
     """``durable worker --poll 60`` in a subprocess claims at once; the wait returns
     (PostgreSQL: by NOTIFY durable_work and durable_done)."""
-    if backend == "postgres":
-        if anyio_backend != "asyncio":
-            pytest.skip("the PostgreSQL store runs on asyncio only")
-        url = request.getfixturevalue("pg_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'w.db'}"
+    url = store_url(backend, tmp_path, anyio_backend, request)
     async with opened(url) as store:
         client = durable.Client(store)
-        proc = subprocess.Popen(  # noqa: ASYNC220 - a worker for the block, ended below
-            [sys.executable, "-m", "durable", "worker", "--db", url, "--import",
-             "tests.pgflows", "--poll", str(LONG), "--log-level", "error"],
-            cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
-        try:
+        with worker_process(url):
             with anyio.fail_after(BOUND):
                 for i in range(3):
                     run = await client.start(pgflows.three, str(tmp_path), id=f"p{i}")
                     done = await client.wait(run.id, poll=LONG)
                     assert done.state is RunState.COMPLETED
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+
+
+def store_url(backend: str, tmp_path: Path, anyio_backend: str,
+              request: pytest.FixtureRequest) -> str:
+    """A SQLite file in ``tmp_path``, or the test's PostgreSQL schema (asyncio only)."""
+    if backend == "postgres":
+        if anyio_backend != "asyncio":
+            pytest.skip("the PostgreSQL store runs on asyncio only")
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'w.db'}"
+
+
+@contextmanager
+def worker_process(url: str, *options: str) -> Iterator[None]:
+    """``durable worker --poll 60`` on ``url`` in a subprocess (tests.pgflows), for the
+    block."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable", "worker", "--db", url, "--import",
+         "tests.pgflows", "--poll", str(LONG), "--log-level", "error", *options],
+        cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- a run not due yet: the worker wakes when it is due, not at its next poll --------------------
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("where", ["here", "process"])
+@pytest.mark.parametrize("due", ["delayed start", "released sleep"])
+async def test_a_run_not_due_yet_is_claimed_when_it_is_due_not_at_the_poll(
+        tmp_path: Path, backend: str, where: str, due: str, anyio_backend: str,
+        request: pytest.FixtureRequest) -> None:
+    """A start with a delay, and a durable sleep longer than the wait threshold (the attempt
+    releases the run, due again at the sleep's end): a worker whose poll is 60 s, in this
+    process or in another (``durable worker --poll 60``), claims each when it becomes due.
+    Nothing else changes meanwhile, so no change signal wakes it: before, both waited for
+    the poll. 0.4 s each, three in a row, bounded by 20 s."""
+    url = store_url(backend, tmp_path, anyio_backend, request)
+    seconds = 0.4
+
+    async def three_in_a_row(client: durable.Client) -> None:
+        with anyio.fail_after(BOUND):
+            for i in range(3):
+                if due == "delayed start":
+                    run = await client.start(pgflows.three, str(tmp_path), id=f"d{i}",
+                                             delay=seconds)
+                else:
+                    run = await client.start(pgflows.nap, str(tmp_path), seconds, id=f"d{i}")
+                done = await client.wait(run.id, poll=LONG)
+                assert done.state is RunState.COMPLETED, done
+                journal = [e.kind.value for e in await client.journal(run.id)]
+                if due == "released sleep":  # released, then claimed again: two attempts
+                    assert "run_waiting" in journal and done.attempt == 2, (journal, done)
+
+    async with opened(url) as store:
+        client = durable.Client(store)
+        if where == "here":
+            async with worker_on(store, durable.default_registry,
+                                 durable_wait_threshold=0.1):
+                await three_in_a_row(client)
+            return
+        with worker_process(url, "--wait-threshold", "0.1"):
+            await three_in_a_row(client)
 
 
 # -- PostgreSQL: the finish hands the run over, and its statement sends the NOTIFY --------------

@@ -344,6 +344,14 @@ class Store(abc.ABC):
     async def next_run_at(self) -> float | None:
         """The earliest ``run_at`` of any queued run, or None when nothing is queued."""
 
+    async def next_due_in(self, workflows: Sequence[str] | None = None) -> float | None:
+        """Seconds from now (the store's clock) until the earliest queued run of
+        ``workflows`` (every workflow: None) that is not due yet becomes due: a delayed
+        start, a wait or a retry delay that released its run. None when there is none.
+        The worker wakes then to claim it, whatever its poll (docs/design.md, *A timer
+        does not wait for a poll*). A store that cannot tell inherits None: the poll."""
+        return None
+
     async def queue_stats(self) -> dict[str, tuple[int, float]]:
         """For metrics, per workflow with queued runs that are due (``run_at`` passed): how
         many, and how many seconds the longest-waiting one has been due (the store's

@@ -669,6 +669,11 @@ class PostgresStore(Store):
         row = await self._read_row(Q["next_run_at"], {})
         return None if row is None or row["run_at"] is None else float(row["run_at"])
 
+    async def next_due_in(self, workflows: Sequence[str] | None = None) -> float | None:
+        row = await self._read_row(Q["next_due"], {
+            "now": self._now(), "workflows": None if workflows is None else list(workflows)})
+        return None if row is None else float(row["due_in"])
+
     async def queue_stats(self) -> dict[str, tuple[int, float]]:
         rows = await self._read(Q["queue_stats"], {"now": self._now()})
         return {row["workflow"]: (int(row["n"]), max(0.0, float(row["age"]))) for row in rows}

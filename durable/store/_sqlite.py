@@ -513,6 +513,16 @@ class SqliteStore(Store):
 
         return await self._run(read, write=False)
 
+    async def next_due_in(self, workflows: Sequence[str] | None = None) -> float | None:
+        params = {"now": self.clock.now(),
+                  "workflows": None if workflows is None else json.dumps(list(workflows))}
+
+        def read(conn: sqlite3.Connection) -> float | None:
+            row = conn.execute(Q["next_due"], params).fetchone()
+            return None if row is None else float(row[0])
+
+        return await self._run(read, write=False)
+
     async def queue_stats(self) -> dict[str, tuple[int, float]]:
         now = self.clock.now()
 

@@ -96,6 +96,16 @@ LIMIT 1;
 -- name: next_run_at
 SELECT min(run_at) AS run_at FROM durable_runs WHERE state = 'queued';
 
+-- name: next_due
+-- Seconds until the earliest queued run of the worker's workflows that is not due yet (a
+-- delayed start, a released wait, a retry delay), by the server's clock: the worker wakes
+-- then (Store.next_due_in). The partial queue index's range after now, in its order.
+SELECT r.run_at - %(now)s AS due_in FROM durable_runs AS r
+WHERE r.state = 'queued' AND r.run_at > %(now)s
+  AND (%(workflows)s::text[] IS NULL OR r.workflow = ANY (%(workflows)s::text[]))
+ORDER BY r.run_at
+LIMIT 1;
+
 -- name: queue_stats
 -- The due queued runs per workflow, for metrics (durable/prometheus.py): a range of the
 -- partial queue index (run_at, ...) WHERE state = 'queued'.

@@ -331,6 +331,16 @@ SELECT * FROM durable_records WHERE namespace = :namespace ORDER BY key;
 SELECT min(run_at) AS run_at FROM durable_runs INDEXED BY durable_runs_queue
 WHERE state = 'queued';
 
+-- name: next_due
+-- Seconds until the earliest queued run of the worker's workflows that is not due yet (a
+-- delayed start, a released wait, a retry delay): the worker wakes then (Store.next_due_in).
+-- The queue index's range after now, in its order: the first row that matches.
+SELECT r.run_at - :now AS due_in FROM durable_runs AS r INDEXED BY durable_runs_queue
+WHERE r.state = 'queued' AND r.run_at > :now
+  AND (:workflows IS NULL OR r.workflow IN (SELECT value FROM json_each(:workflows)))
+ORDER BY r.run_at
+LIMIT 1;
+
 -- name: queue_stats
 -- The due queued runs per workflow, for metrics (durable/prometheus.py): a range of the
 -- queue index (run_at, ...) WHERE state = 'queued'.
