@@ -130,8 +130,12 @@ class ScheduleSpec:
 
     def next_fire(self, after: float) -> float:
         """The first fire time strictly after ``after``."""
-        start = dt.datetime.fromtimestamp(after, ZoneInfo(self.timezone))
-        return float(croniter(self.cron, start).get_next(float))
+        zone = ZoneInfo(self.timezone)
+        it = croniter(self.cron, dt.datetime.fromtimestamp(after, zone))
+        while True:
+            when = float(it.get_next(float))
+            if not self._repeated(when, zone):
+                return when
 
     def latest_fires(self, after: float, until: float, limit: int) -> list[float]:
         """Up to ``limit`` fire times ``t`` with ``after < t <= until``, the latest ones,
@@ -145,9 +149,32 @@ class ScheduleSpec:
             when = float(it.get_prev(float))
             if when <= after:
                 break
-            found.append(when)
+            if not self._repeated(when, zone):
+                found.append(when)
         found.reverse()
         return found
+
+    def _repeated(self, when: float, zone: ZoneInfo) -> bool:
+        """Whether ``when`` is a fire this schedule does not start: the second time a wall
+        time comes round when the clocks go back (``fold`` 1), for a schedule at fixed times
+        of the day. As Vixie cron does: a daily ``30 2 * * *`` fires once in the night the
+        hour from 02:00 to 03:00 comes twice (at its first 02:30), where croniter gives both
+        (a nightly reset would run twice); an expression whose minute or hour field starts
+        with ``*`` (``0 * * * *``, ``*/15 1-3 * * *``) runs on the clock's elapsed time and
+        fires in both. The gap when the clocks go forward is croniter's: a wall time that
+        does not exist that day fires once, at the gap's end."""
+        return self._fixed_time and dt.datetime.fromtimestamp(when, zone).fold == 1
+
+    @property
+    def _fixed_time(self) -> bool:
+        fields = _ALIASES.get(self.cron.lower(), self.cron).split(" ")
+        return not (fields[0].startswith("*") or fields[1].startswith("*"))
+
+
+_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+            "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+            "@hourly": "0 * * * *"}
+"""croniter's nicknames, as the expressions they stand for (for the fixed-time rule)."""
 
 
 @attrs.frozen

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import anyio
 import pytest
@@ -93,6 +94,49 @@ def test_cron_with_seconds_and_timezones() -> None:
     assert dt.datetime.fromtimestamp(first, dt.UTC).hour == 2
     assert dt.datetime.fromtimestamp(paris.next_fire(first), dt.UTC).hour == 1
     assert fire_id("nightly", first) == "nightly@2027-03-27T02:00:00Z"
+
+
+PARIS_FALL_BACK = dt.datetime(2027, 10, 30, 22, tzinfo=dt.UTC).timestamp()
+"""Sunday 2027-10-31 00:00 in Paris: at 03:00 (01:00Z) the clocks go back to 02:00."""
+
+
+def fires_in(spec: ScheduleSpec, after: float, until: float) -> list[str]:
+    """The fires after ``after`` up to ``until`` as Paris wall times, by next_fire."""
+    out, when = [], spec.next_fire(after)
+    while when <= until:
+        out.append(dt.datetime.fromtimestamp(when, ZoneInfo(spec.timezone)).strftime(
+            "%d %H:%M%z"))
+        when = spec.next_fire(when)
+    return out
+
+
+@pytest.mark.parametrize(("cron", "hours", "expected"), [
+    # a fixed time of the day: once, at its first 02:30 (croniter alone: both)
+    ("30 2 * * *", 28, ["31 02:30+0200", "01 02:30+0100"]),
+    ("0 2 * * *", 28, ["31 02:00+0200", "01 02:00+0100"]),
+    ("15,45 2 * * *", 28, ["31 02:15+0200", "31 02:45+0200", "01 02:15+0100",
+                           "01 02:45+0100"]),
+    ("30 2 * * * 0", 28, ["31 02:30+0200", "01 02:30+0100"]),  # seconds last
+    ("@daily", 28, ["31 00:00+0200", "01 00:00+0100"]),
+    # a star in the minute or the hour runs on elapsed time: the hour again, both times
+    ("0 * * * *", 4, ["31 00:00+0200", "31 01:00+0200", "31 02:00+0200", "31 02:00+0100",
+                      "31 03:00+0100"]),
+    ("*/30 2 * * *", 28, ["31 02:00+0200", "31 02:30+0200", "31 02:00+0100",
+                          "31 02:30+0100", "01 02:00+0100", "01 02:30+0100"]),
+])
+def test_a_wall_time_the_clocks_go_back_over_fires_once(cron: str, hours: int,
+                                                         expected: list[str]) -> None:
+    """When the clocks go back, 02:00-03:00 comes twice: a schedule at fixed times of the
+    day fires once (its first occurrence), as Vixie cron does, so a nightly reset does not
+    run twice; one whose minute or hour field starts with ``*`` fires in both. next_fire
+    and latest_fires (the catch-up's read, backwards) agree. From Paris's Sunday 00:00 to
+    ``hours`` later (28: Monday 03:00)."""
+    spec = ScheduleSpec(name="p", workflow="w", args=[], cron=cron, timezone="Europe/Paris")
+    after, until = PARIS_FALL_BACK - 1, PARIS_FALL_BACK + 3600 * hours
+    got = fires_in(spec, after, until)
+    assert got == expected
+    backwards = spec.latest_fires(after, until, 100)
+    assert len(backwards) == len(got) and backwards[0] == spec.next_fire(after)
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
@@ -266,6 +310,34 @@ async def test_missed_fires_follow_the_catchup_policy(
         clock.set(START - 1 + 4 * 3600 + SKIP_GRACE - 1)
         await scheduler.tick()
         assert "hourly@2027-01-15T12:00:00Z" in {r.id for r in await fired_runs(store, "hourly")}
+
+
+async def test_a_nightly_schedule_starts_one_run_in_the_night_the_clocks_go_back(
+        store_url: str) -> None:
+    """Through Paris's night of 2027-10-31, the scheduler looking every 20 minutes (a
+    fire found late starts: catchup=3): the
+    nightly 02:30 starts one run (its first 02:30, 00:30Z), where croniter's second 02:30
+    (01:30Z) started a second run of a nightly reset; the hourly one starts at both 02:15."""
+    clock = FakeClock(PARIS_FALL_BACK)
+    reg = hello_registry()
+    async with opened(store_url, clock) as store:
+        client = durable.Client(store, registry=reg)
+        for name, cron in (("nightly", "30 2 * * *"), ("hourly", "15 * * * *")):
+            await client.add_schedule(ScheduleSpec(  # catchup: a fire up to 20 min late
+                name=name, workflow="hello", args=[name], cron=cron, timezone="Europe/Paris",
+                catchup=3))
+        scheduler = Scheduler(store)
+        for _ in range(5 * 3):  # to 04:00 in Paris (03:00Z): a look every 20 minutes
+            clock.advance(20 * 60)
+            await scheduler.tick()
+        assert sorted(r.id for r in await fired_runs(store, "nightly")) == [
+            "nightly@2027-10-31T00:30:00Z"]
+        assert sorted(r.id for r in await fired_runs(store, "hourly")) == [
+            f"hourly@2027-10-{d}T{h}:15:00Z" for d, h in (
+                ("30", "22"), ("30", "23"), ("31", "00"), ("31", "01"), ("31", "02"))]
+        nightly = await store.get_schedule("nightly")
+        assert nightly is not None and nightly.next_fire() == (
+            dt.datetime(2027, 11, 1, 1, 30, tzinfo=dt.UTC).timestamp())  # 02:30 CET
 
 
 # -- the command line --------------------------------------------------------------------------
