@@ -9,6 +9,7 @@ token and CSRF guards on every action, and that no secret ever leaves.
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -68,11 +69,12 @@ def flows(registry: durable.Registry, gate: anyio.Event) -> None:
 
 
 @asynccontextmanager
-async def console(client: durable.Client, token: str | None = None
+async def console(client: durable.Client, token: str | None = None, *,
+                  bind: str = "127.0.0.1", console_url: str | None = None
                   ) -> AsyncIterator[httpx.AsyncClient]:
-    sock = bind_socket("127.0.0.1", 0)
+    sock = bind_socket(bind, 0)
     with sock:
-        app = create_app(client, token=token)
+        app = create_app(client, token=token, console_url=console_url)
         async with anyio.create_task_group() as tg:
             url = await tg.start(serve, app, sock)
             async with httpx.AsyncClient(base_url=url, timeout=10) as http:
@@ -345,3 +347,64 @@ async def test_an_in_doubt_step_says_what_to_check_and_replay_resolves_it(
         assert replayed.status_code == 303, replayed.text
         entry = [e for e in await client.journal("gated-2") if e.kind.value == "run_replayed"][-1]
         assert entry.data["in_doubt"] == "rerun" and entry.data["origin"]["via"] == "console"
+
+
+def _outward_address() -> str | None:
+    """An IPv4 address of this machine that is not loopback (``ip -4 addr``), or None."""
+    try:
+        shown = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True,
+                               text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in shown.splitlines():
+        address = line.split()[3].split("/")[0]
+        if not address.startswith("127."):
+            return address
+    return None
+
+
+async def test_a_request_that_names_another_host_on_loopback_is_refused(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    """DNS rebinding: a site the operator visits has its name resolve to 127.0.0.1, and its
+    scripts would read the console as their own site's pages. Their requests name that
+    site in ``Host``: refused (403, one line saying why and where to open the console),
+    every page, the API and the actions alike. Addresses, ``localhost`` and the host of
+    ``console_url`` are served. Before, every page was served to any name."""
+    async with running_worker(client, flow_registry):
+        await finished(client, (await client.start("t.ok", "slot-1", id="ok-1")).id)
+    async with console(client, token=TOKEN,
+                       console_url="http://durable.internal:8080") as http:
+        port = http.base_url.port
+        rebound = {"Host": f"rebind.example:{port}"}
+        for method, path in (("GET", "/runs"), ("GET", "/runs/ok-1"), ("GET", "/api/runs"),
+                             ("GET", "/api/runs/ok-1/journal"), ("GET", "/static/console.css"),
+                             ("POST", "/api/runs/ok-1/replay")):
+            refused = await http.request(method, path, headers={
+                **rebound, "Authorization": f"Bearer {TOKEN}"})
+            assert refused.status_code == 403, (path, refused.status_code, refused.text)
+            assert "rebind.example" in refused.text and "DNS rebinding" in refused.text
+            assert f"http://127.0.0.1:{port}/runs" in refused.text
+            assert "ok-1" not in refused.text and "slot-1" not in refused.text
+        assert (await client.get("ok-1")).attempt == 1  # the replay was not sent
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", "127.1.2.3",
+                     "[::1]", "0.0.0.0", "durable.internal:8080", "app.localhost"):
+            page = await http.get("/runs/ok-1", headers={"Host": host})
+            assert page.status_code == 200 and "slot-1" in page.text, (host, page.text)
+
+
+async def test_a_console_served_on_another_address_answers_any_name(
+        client: durable.Client) -> None:
+    """Served on every address, the console answers a request that reached a non-loopback
+    address whatever its ``Host`` (it was exposed on purpose: a proxy's name, a DNS name;
+    its actions need the token), and still refuses a foreign name on loopback."""
+    address = _outward_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    async with console(client, bind="0.0.0.0") as http:
+        port = http.base_url.port
+        async with httpx.AsyncClient(base_url=f"http://{address}:{port}", timeout=10) as out:
+            served = await out.get("/runs", headers={"Host": "console.example.org"})
+            assert served.status_code == 200, served.text
+        local = await http.get(f"http://127.0.0.1:{port}/runs",
+                               headers={"Host": "console.example.org"})
+        assert local.status_code == 403 and "DNS rebinding" in local.text

@@ -21,6 +21,7 @@ cross-origin ``Origin`` is refused; every response forbids framing and inline sc
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
@@ -504,7 +505,8 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
     ]
     app = Starlette(routes=routes)
     app.state.console = console
-    return _Headers(app)  # type: ignore[return-value]
+    named = urlsplit(console_url).hostname if console_url else None
+    return _Headers(_LoopbackNames(app, named))  # type: ignore[return-value]
 
 
 def _safe(data: Any) -> Any:
@@ -522,6 +524,62 @@ _SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``address`` (the socket's) is a loopback address: 127.0.0.0/8, ``::1``."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def _rebindable(host: str) -> bool:
+    """Whether ``host`` (a ``Host`` header's name) could be another site's name resolving
+    to this machine: any DNS name but ``localhost`` and its subdomains (RFC 6761: always
+    loopback). An address (``127.0.0.1``, ``[::1]``, ``0.0.0.0``) names no site."""
+    name = host.strip("[]").lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return False
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return True
+    return False
+
+
+class _LoopbackNames:
+    """A request that reached a loopback address must name an address, ``localhost``, or
+    the host of ``--console-url``. A page of any site the operator visits can have its
+    name resolve to 127.0.0.1 (DNS rebinding): the browser then treats the console as that
+    site's own, and its scripts read every page (runs, journals, errors). Such a request
+    carries that site's name in ``Host``: it is refused (403), before any page is built. A
+    console served on another address was exposed on purpose, and its actions need the
+    token."""
+
+    def __init__(self, app: ASGIApp, named: str | None) -> None:
+        self.app = app
+        self.named = named.lower() if named else None
+        self.state = getattr(app, "state", None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server") if scope["type"] == "http" else None
+        if server is not None and _loopback(str(server[0])):
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            name = urlsplit(f"//{host}").hostname or ""
+            if _rebindable(name) and name != self.named:
+                address, port = str(server[0]), server[1]
+                shown = f"[{address}]" if ":" in address else address
+                response = Response(
+                    f"durable console: refused a request for host {host!r} that reached a "
+                    f"loopback address (another site's page, by DNS rebinding); open "
+                    f"http://{shown}:{port}/runs, or name this host in --console-url\n",
+                    403, media_type="text/plain")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _Headers:
