@@ -42,6 +42,7 @@ import anyio
 import anyio.abc
 
 from ._errors import StoreError
+from ._hosts import foreign_name
 from ._interceptors import (
     AttemptInfo,
     ClaimInfo,
@@ -282,6 +283,11 @@ async def _answer(stream: anyio.abc.SocketStream, metrics: MetricsInterceptor,
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         return await _send(stream, 400, b"bad request\n")
     method, path = parts[0], parts[1].partition("?")[0]
+    local = str(stream.extra(anyio.abc.SocketAttribute.local_address, ("",))[0])
+    if foreign_name(local, _header(head, b"host")):
+        return await _send(stream, 403, b"durable metrics: refused a request for another "
+                           b"site's host name on a loopback address (DNS rebinding); "
+                           b"scrape it by address or as localhost\n")
     if path not in ("/metrics", "/"):
         return await _send(stream, 404, b"not found: the metrics are at /metrics\n")
     if method not in ("GET", "HEAD"):
@@ -298,7 +304,17 @@ async def _answer(stream: anyio.abc.SocketStream, metrics: MetricsInterceptor,
     await _send(stream, 200, body, CONTENT_TYPE_LATEST, head_only=method == "HEAD")
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed"}
+
+
+def _header(head: bytes, name: bytes) -> str:
+    """The value of the request header ``name`` (lower case) in ``head``, or ""."""
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return ""
 
 
 async def _send(stream: anyio.abc.SocketStream, status: int, body: bytes,

@@ -118,3 +118,22 @@ def test_the_module_without_prometheus_client_names_the_extra() -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "durable-fenced[prometheus]" in out.stdout and out.stdout.count("\n") == 1
+
+
+async def test_a_scrape_that_names_another_host_on_loopback_is_refused() -> None:
+    """DNS rebinding, as for the console (docs/console.md): another site's name that
+    resolves to 127.0.0.1 gets a 403 and no metric (workflow names, queue depths); an
+    address or ``localhost`` is served. Before, every name was served."""
+    metrics = MetricsInterceptor()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_metrics, metrics, None, listener)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            refused = await http.get("/metrics", headers={"Host": f"rebind.example:{port}"})
+            assert refused.status_code == 403, refused.text
+            assert "DNS rebinding" in refused.text and "durable_" not in refused.text
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", "[::1]"):
+                served = await http.get("/metrics", headers={"Host": host})
+                assert served.status_code == 200 and "durable_" in served.text, host
+        tg.cancel_scope.cancel()

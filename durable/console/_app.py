@@ -21,7 +21,6 @@ cross-origin ``Origin`` is refused; every response forbids framing and inline sc
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .._approval import APPROVE, approval_view, send_decision
 from .._client import Client
 from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
+from .._hosts import foreign_name
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
 from .._report import RecoveryReport, parse_time, utc
@@ -526,30 +526,6 @@ _SECURITY_HEADERS = [
 ]
 
 
-def _loopback(address: str) -> bool:
-    """Whether ``address`` (the socket's) is a loopback address: 127.0.0.0/8, ``::1``."""
-    try:
-        ip = ipaddress.ip_address(address.strip("[]"))
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return ip.is_loopback or bool(mapped and mapped.is_loopback)
-
-
-def _rebindable(host: str) -> bool:
-    """Whether ``host`` (a ``Host`` header's name) could be another site's name resolving
-    to this machine: any DNS name but ``localhost`` and its subdomains (RFC 6761: always
-    loopback). An address (``127.0.0.1``, ``[::1]``, ``0.0.0.0``) names no site."""
-    name = host.strip("[]").lower().rstrip(".")
-    if name == "localhost" or name.endswith(".localhost"):
-        return False
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return True
-    return False
-
-
 class _LoopbackNames:
     """A request that reached a loopback address must name an address, ``localhost``, or
     the host of ``--console-url``. A page of any site the operator visits can have its
@@ -566,10 +542,9 @@ class _LoopbackNames:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         server = scope.get("server") if scope["type"] == "http" else None
-        if server is not None and _loopback(str(server[0])):
+        if server is not None:
             host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
-            name = urlsplit(f"//{host}").hostname or ""
-            if _rebindable(name) and name != self.named:
+            if foreign_name(str(server[0]), host, self.named):
                 address, port = str(server[0]), server[1]
                 shown = f"[{address}]" if ":" in address else address
                 response = Response(
