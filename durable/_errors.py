@@ -15,7 +15,7 @@ The tree::
     ├── RunNotFoundError              no run has that id
     │   └── RunPrunedError            ... any more: it was finished, and pruned (retention)
     ├── InvalidStateError             the run is not in a state that allows the operation
-    ├── NonDeterminismError           a replay met a journaled step under another activity name
+    ├── NonDeterminismError           a replay met a journaled step under another name or arguments
     ├── StepInDoubtError              a step started but its outcome is unknown (on_doubt="fail")
     ├── ResultUnknownError            the workflow used the result of a step accepted without one
     ├── ActivityError                 an activity failed after its retries (wraps the cause)
@@ -116,7 +116,8 @@ class InvalidStateError(DurableError):
 
 
 class NonDeterminismError(DurableError):
-    """Workflow code called a different activity at a journaled step than it did before."""
+    """Workflow code called a journaled step as another activity, or with other arguments,
+    than the journal recorded: its journaled outcome would answer another call."""
 
 
 class StepInDoubtError(DurableError):

@@ -56,6 +56,9 @@ class StepView:
     wait_name: str | None = None
     wait_until: float | None = None
     wait_timeout: float | None = None
+    args: list[JSON] | None = None
+    """An activity step's arguments as its last journaled try was called with (None: no
+    try journaled, or not an activity's step)."""
     timed_out: bool = False
     """``ctx.wait_for``: its timeout fired (journaled): it raises SignalTimeout again."""
 
@@ -157,6 +160,9 @@ class History:
             if step.state is StepState.STARTED:
                 step.died += 1  # the previous try ended with nobody left to report it
             step.state = StepState.STARTED
+            args = data.get("args")
+            if isinstance(args, list):
+                step.args = args
             step.tries = max(step.tries, entry.try_number or 1)
             step.started_at = entry.at
             step.ended_at = None

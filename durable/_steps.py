@@ -44,7 +44,7 @@ from ._history import History, StepView, tries
 from ._interceptors import StepInfo, around, tell
 from ._logging import redact
 from ._registry import NOT_DONE
-from ._types import JSON, EntryKind, JournalWrite, StepState, dumps
+from ._types import JSON, EntryKind, JournalWrite, StepState, dumps, loads
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -134,6 +134,16 @@ def refuse_unknown(value: Any) -> None:
     found = unknown_in(value)
     if found is not None:
         found._refuse()
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    """``value`` as JSON (its repr if it is not), redacted, cut to about ``limit``."""
+    try:
+        text = dumps(value, "a step's arguments")
+    except NotJsonError:
+        text = repr(value)
+    text = redact(text)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 _RNG = random.Random()
@@ -252,6 +262,31 @@ class Steps:
             self.doom = err
             raise err
         return view
+
+    def _same_args(self, act: AnyActivity, args: tuple[Any, ...], view: StepView) -> None:
+        """A step whose journaled outcome (its result, its failure, its doubt) is reused must
+        be called with the arguments it was journaled with: else its result would stand
+        for a call that never happened (a backup of db-A taken as one of db-B, before the
+        delete of db-B). Compared as JSON values (a tuple is the list it was journaled as,
+        key order does not matter). A step a replay runs again is not compared: it runs,
+        with the arguments of the code deployed now."""
+        given = list(args)
+        if given == view.args:
+            return
+        try:
+            if loads(dumps(given, "a step's arguments")) == view.args:
+                return
+        except NotJsonError:
+            pass  # not JSON: not what was journaled either
+        err = NonDeterminismError(
+            f"run {self.run_id}: step {view.number} ({act.name}) was journaled with the "
+            f"arguments {_shown(view.args)} but the workflow now calls it with "
+            f"{_shown(given)}; its journaled outcome is not reused for another call. The "
+            "workflow code is not deterministic (an argument made of something other than "
+            "the run's arguments, step results, ctx.now() or ctx.uuid4()), or it changed "
+            "since the run started: deploy the code it started with, or start a new run")
+        self.doom = err
+        raise err
 
     def doubt_entries(self, reason: str, *, earlier: bool = False) -> list[JournalWrite]:
         """``step_in_doubt`` for the steps in flight (and, with ``earlier``, for steps an
@@ -497,6 +532,8 @@ class Steps:
             self._open_unkeyed = None
 
     async def _run_step(self, act: AnyActivity, args: tuple[Any, ...], view: StepView) -> Any:
+        if view.state is not None and view.args is not None:
+            self._same_args(act, args, view)  # its journaled outcome is about to be reused
         if view.state is StepState.COMPLETED:
             if view.accepted and not view.result_known:
                 return await self._accepted(act, view, args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +158,94 @@ async def test_a_resumed_attempt_sees_a_journaled_failure_again(
     assert done.state is RunState.COMPLETED
     assert tries == [1]  # the failed step did not run again
     assert len(seen_failures) == 2 and seen_failures[0] == seen_failures[1]
+
+
+def _backup_then_delete(registry: durable.Registry, target: dict[str, str],
+                        done: list[str]) -> None:
+    """Back a database up, wait (long enough to release the run), delete it: the argument
+    is read from ``target``, outside the journal, so a test can change it between attempts
+    as non-deterministic workflow code (or a deploy) would."""
+    @durable.activity("db.backup", registry=registry, retry=durable.RetryPolicy(max_tries=1))
+    async def backup(ctx: durable.ActivityContext, db: str) -> str:
+        done.append(f"backup {db}")
+        if db == "db-broken":
+            raise RuntimeError("cannot back up db-broken")
+        return f"backup of {db}"
+
+    @durable.activity("db.delete", registry=registry)
+    async def delete(ctx: durable.ActivityContext, db: str) -> str:
+        done.append(f"delete {db}")
+        return f"deleted {db}"
+
+    @durable.workflow("db.retire", registry=registry)
+    async def retire(ctx: durable.WorkflowContext, seconds: float) -> list[str]:
+        saved = await backup(ctx, target["db"])
+        await ctx.sleep(seconds)
+        return [saved, await delete(ctx, target["db"])]
+
+
+async def test_a_journaled_step_called_with_other_arguments_fails_the_run(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """The run backs up db-A, sleeps (released: the next attempt runs the workflow again
+    from the journal), and meanwhile the argument becomes db-B. Step 1's journaled result
+    ("backup of db-A") must not stand for a backup of db-B: the run fails with
+    NonDeterminismError naming both argument lists, and db-B is not deleted. Before, the
+    journal answered the new call and the delete of db-B ran with no backup of it."""
+    target, done = {"db": "db-A"}, []
+    _backup_then_delete(registry, target, done)
+    async with running_worker(client, registry, durable_wait_threshold=0.1):
+        await client.start("db.retire", 0.3, id="retire-1")
+        await poll(lambda: _waiting(client, "retire-1"))
+        target["db"] = "db-B"
+        run = await client.wait("retire-1")
+    assert run.state is RunState.FAILED and run.attempt == 2, run
+    assert run.error is not None
+    assert 'step 1 (db.backup) was journaled with the arguments ["db-A"]' in run.error
+    assert 'now calls it with ["db-B"]' in run.error, run.error
+    assert done == ["backup db-A"]  # nothing ran for db-B
+    assert "run_failed" in kinds(await client.journal("retire-1"))
+
+
+async def test_the_same_arguments_in_another_form_reuse_the_journal(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """Compared as JSON values: a tuple is the list it was journaled as, and a dict's key
+    order does not matter. The resumed run reuses step 1 and completes."""
+    given = [("db-A", {"a": 1, "b": 2})]
+
+    @durable.activity("args.echo", registry=registry)
+    async def echo(ctx: durable.ActivityContext, pair: Any) -> str:
+        return "echoed"
+
+    @durable.workflow("args.twice", registry=registry)
+    async def twice(ctx: durable.WorkflowContext) -> str:
+        first = await echo(ctx, given[0])
+        await ctx.sleep(0.3)
+        return first
+
+    async with running_worker(client, registry, durable_wait_threshold=0.1):
+        await client.start("args.twice", id="forms")
+        await poll(lambda: _waiting(client, "forms"))
+        given[0] = ("db-A", {"b": 2, "a": 1})  # another tuple, keys in another order
+        run = await client.wait("forms")
+    assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, "echoed", 2), run
+
+
+async def test_a_replay_runs_a_step_again_with_the_arguments_of_the_code_deployed_now(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """The fix-and-replay flow: a step failed for a wrong argument, the fix changes it, and
+    a replay runs that step again with the new argument (it reuses nothing of it)."""
+    target, done = {"db": "db-broken"}, []
+    _backup_then_delete(registry, target, done)
+    async with running_worker(client, registry, durable_wait_threshold=0.1):
+        await client.start("db.retire", 0.0, id="retire-2")
+        failed = await client.wait("retire-2")
+        assert failed.state is RunState.FAILED and "cannot back up" in (failed.error or "")
+        target["db"] = "db-C"
+        await client.replay("retire-2")
+        run = await client.wait("retire-2")
+    assert run.state is RunState.COMPLETED and run.result == ["backup of db-C", "deleted db-C"]
+    assert done == ["backup db-broken", "backup db-C", "delete db-C"]
+
+
+async def _waiting(client: durable.Client, run_id: str) -> bool:
+    return "run_waiting" in kinds(await client.journal(run_id))
