@@ -264,12 +264,15 @@ class Steps:
         return view
 
     def _same_args(self, act: AnyActivity, args: tuple[Any, ...], view: StepView) -> None:
-        """A step whose journaled outcome (its result, its failure, its doubt) is reused must
-        be called with the arguments it was journaled with: else its result would stand
-        for a call that never happened (a backup of db-A taken as one of db-B, before the
-        delete of db-B). Compared as JSON values (a tuple is the list it was journaled as,
-        key order does not matter). A step a replay runs again is not compared: it runs,
-        with the arguments of the code deployed now."""
+        """An unkeyed step whose journaled outcome (its result, its failure, its doubt) is
+        reused must be called with the arguments it was journaled with: it is known only as
+        the n-th call, so other arguments mean another call, and its result would stand for
+        one that never happened (a backup of db-A taken as one of db-B, before the delete
+        of db-B). Compared as JSON values (a tuple is the list it was journaled as, key
+        order does not matter). A keyed step is what its key names: its arguments may
+        describe rather than identify (a notification's text built from the journal as it
+        is now), so they are not compared. A step a replay runs again is not compared: it
+        runs, with the arguments of the code deployed now."""
         given = list(args)
         if given == view.args:
             return
@@ -532,7 +535,7 @@ class Steps:
             self._open_unkeyed = None
 
     async def _run_step(self, act: AnyActivity, args: tuple[Any, ...], view: StepView) -> Any:
-        if view.state is not None and view.args is not None:
+        if view.state is not None and view.args is not None and view.key.isdigit():
             self._same_args(act, args, view)  # its journaled outcome is about to be reused
         if view.state is StepState.COMPLETED:
             if view.accepted and not view.result_known:

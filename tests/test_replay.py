@@ -249,3 +249,32 @@ async def test_a_replay_runs_a_step_again_with_the_arguments_of_the_code_deploye
 
 async def _waiting(client: durable.Client, run_id: str) -> bool:
     return "run_waiting" in kinds(await client.journal(run_id))
+
+
+async def test_a_keyed_step_is_what_its_key_names_whatever_its_arguments(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """A key names the operation: its arguments may describe it as the journal stands now
+    (a notification's text with the recovery report, which a later attempt's journal makes
+    longer), so a keyed step's journaled outcome is reused with other arguments, and the
+    run completes."""
+    text = ["report as of attempt 1"]
+    sent: list[str] = []
+
+    @durable.activity("keyed.notify", registry=registry)
+    async def notify(ctx: durable.ActivityContext, message: str) -> str:
+        sent.append(message)
+        return "sent"
+
+    @durable.workflow("keyed.twice", registry=registry)
+    async def twice(ctx: durable.WorkflowContext) -> str:
+        outcome = await ctx.step(notify, text[0], key="failure-notify")
+        await ctx.sleep(0.3)
+        return str(outcome)
+
+    async with running_worker(client, registry, durable_wait_threshold=0.1):
+        await client.start("keyed.twice", id="keyed")
+        await poll(lambda: _waiting(client, "keyed"))
+        text[0] = "report as of attempt 2"
+        run = await client.wait("keyed")
+    assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, "sent", 2), run
+    assert sent == ["report as of attempt 1"]
