@@ -77,6 +77,22 @@ async def nap(ctx: durable.WorkflowContext, out_dir: str, seconds: float) -> str
     return str(await reserve(ctx, out_dir))
 
 
+@durable.activity("pg.flaky", retry=durable.RetryPolicy(max_tries=2, initial_delay=0.4,
+                                                        jitter=0.0))
+async def flaky(ctx: durable.ActivityContext, out_dir: str) -> str:
+    """Fails its first try: the retry is due 0.4 s later (released, with a lower wait
+    threshold)."""
+    _record(ctx, out_dir)
+    if ctx.try_number == 1:
+        raise RuntimeError("the first try fails")
+    return "retried"
+
+
+@durable.workflow("pg.retried")
+async def retried(ctx: durable.WorkflowContext, out_dir: str) -> str:
+    return str(await flaky(ctx, out_dir))
+
+
 async def _run_worker(args: argparse.Namespace) -> None:
     from durable.store import store_from_url
 

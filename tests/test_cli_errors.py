@@ -230,6 +230,32 @@ def test_a_postgresql_url_option_that_is_not_a_number_is_a_mistake_not_an_outage
     assert "pw-secret" not in result.stderr
 
 
+@pytest.mark.parametrize(("query", "says"), [
+    ("sslmode=bogus", 'invalid sslmode value: "bogus"'),
+    ("target_session_attrs=primry", 'invalid target_session_attrs value: "primry"'),
+    ("channel_binding=always", 'invalid channel_binding value: "always"'),
+    ("port=abc", 'invalid integer value "abc" for connection option "port"'),
+    ("port=99999", 'invalid port number: "99999"'),
+])
+def test_a_postgresql_url_option_libpq_refuses_is_a_mistake_not_an_outage(
+        query: str, says: str) -> None:
+    """The values libpq itself refuses before it connects (an unknown ``sslmode``, a port
+    that is not one) said "cannot reach PostgreSQL", as if the server were down: the URL
+    is malformed, in libpq's words. (Nobody listens at the address: were the value taken,
+    the connection would be refused.)"""
+    pytest.importorskip("psycopg")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    sock.close()
+    url = f"postgresql://nobody:pw-secret@127.0.0.1:{port}/x?{query}"
+    result = cli("list", db=url)
+    assert result.returncode == 2
+    assert_one_line_error(result, f"malformed PostgreSQL URL postgresql://nobody:***@"
+                                  f"127.0.0.1:{port}/x?{query}: {says}")
+    assert "cannot reach" not in result.stderr and "pw-secret" not in result.stderr
+
+
 @pytest.mark.parametrize(("args", "says"), [
     ((), "missing a required argument: 'name'"),
     (('"a"', '"b"'), "too many positional arguments"),

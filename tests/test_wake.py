@@ -245,15 +245,16 @@ def worker_process(url: str, *options: str) -> Iterator[None]:
 # -- a run not due yet: the worker wakes when it is due, not at its next poll --------------------
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 @pytest.mark.parametrize("where", ["here", "process"])
-@pytest.mark.parametrize("due", ["delayed start", "released sleep"])
+@pytest.mark.parametrize("due", ["delayed start", "released sleep", "released retry"])
 async def test_a_run_not_due_yet_is_claimed_when_it_is_due_not_at_the_poll(
         tmp_path: Path, backend: str, where: str, due: str, anyio_backend: str,
         request: pytest.FixtureRequest) -> None:
-    """A start with a delay, and a durable sleep longer than the wait threshold (the attempt
-    releases the run, due again at the sleep's end): a worker whose poll is 60 s, in this
-    process or in another (``durable worker --poll 60``), claims each when it becomes due.
-    Nothing else changes meanwhile, so no change signal wakes it: before, both waited for
-    the poll. 0.4 s each, three in a row, bounded by 20 s."""
+    """A start with a delay, a durable sleep and a retry delay longer than the wait
+    threshold (the attempt releases the run, due again at the sleep's or the delay's end):
+    a worker whose poll is 60 s, in this process or in another (``durable worker --poll
+    60``), claims each when it becomes due. Nothing else changes meanwhile, so no change
+    signal wakes it: before, each waited for the poll. 0.4 s each, three in a row, bounded
+    by 20 s."""
     url = store_url(backend, tmp_path, anyio_backend, request)
     seconds = 0.4
 
@@ -263,12 +264,14 @@ async def test_a_run_not_due_yet_is_claimed_when_it_is_due_not_at_the_poll(
                 if due == "delayed start":
                     run = await client.start(pgflows.three, str(tmp_path), id=f"d{i}",
                                              delay=seconds)
-                else:
+                elif due == "released sleep":
                     run = await client.start(pgflows.nap, str(tmp_path), seconds, id=f"d{i}")
+                else:  # pg.flaky's retry is due 0.4 s after its first try failed
+                    run = await client.start(pgflows.retried, str(tmp_path), id=f"d{i}")
                 done = await client.wait(run.id, poll=LONG)
                 assert done.state is RunState.COMPLETED, done
                 journal = [e.kind.value for e in await client.journal(run.id)]
-                if due == "released sleep":  # released, then claimed again: two attempts
+                if due != "delayed start":  # released, then claimed again: two attempts
                     assert "run_waiting" in journal and done.attempt == 2, (journal, done)
 
     async with opened(url) as store:

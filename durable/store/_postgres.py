@@ -335,6 +335,12 @@ class PostgresStore(Store):
             if version != SCHEMA_VERSION:
                 await self._migrate()
         except psycopg.Error as exc:
+            message = _redact(str(exc), self._secrets)
+            if isinstance(exc, psycopg.OperationalError) and _REFUSED_OPTION.search(message):
+                # libpq refused an option's value before connecting: a mistake in the URL,
+                # not an outage ("cannot reach" sent the user to look at the server)
+                raise ConfigError(f"malformed PostgreSQL URL {self.url}: "
+                                  f"{message.removeprefix('connection is bad: ')}") from exc
             raise self._translate(exc) from exc
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             self._conninfo,
@@ -1607,6 +1613,13 @@ _WHOLE_NUMBERS = ("connect_timeout", *DEAD_PEER)
 then refuses as a connection failure): checked with the URL, a mistake, not an outage."""
 
 _WHOLE_NUMBER = re.compile(r"\s*[-+]?\d+\s*")
+
+_REFUSED_OPTION = re.compile(
+    r'invalid \w+ value: "|invalid port number: "|invalid integer value "[^"]*" for '
+    r'connection option "|could not match \d+ (?:host names|port numbers) to \d+')
+"""libpq's words (fe-connect.c) for an option value it refuses before it connects: an
+``sslmode``, ``target_session_attrs``, ``channel_binding``, ``gssencmode``... it does not
+know, a port that is not a port, lists of hosts and ports that do not pair up."""
 
 
 def _parse_url(url: str, statement_timeout: float = STATEMENT_TIMEOUT
