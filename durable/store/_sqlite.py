@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -120,6 +121,11 @@ def _append_fenced(conn: sqlite3.Connection, n: int, params: Sequence[Any]) -> N
             raise _Fenced
 
 
+SAME_FILE_EVERY = 0.5
+"""Seconds between two looks at whether the database's path still names the file this
+store opened (:meth:`SqliteStore._same_file`): a call of the store looks when the last
+look is older."""
+
 LOW_SPACE = 1 << 20
 """Free bytes below which an I/O or disk-full error of SQLite says how few are left."""
 
@@ -186,6 +192,12 @@ class SqliteStore(Store):
         self._watch: sqlite3.Connection | None = None
         """A connection of its own for :meth:`change_watcher` (read by its thread)."""
         self._watcher: _wake.ChangeWatcher | None = None
+        self._file: tuple[int, int] | None = None
+        """The opened file's (device, inode), to see it deleted or replaced (None: not
+        looked at, or ``:memory:``)."""
+        self._file_seen = 0.0
+        self._file_gone: str | None = None
+        """Why the path no longer names the opened file, once seen: every call says it."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _connect(self, busy_timeout: float | None = None) -> sqlite3.Connection:
@@ -255,6 +267,10 @@ class SqliteStore(Store):
             raise StoreUnavailableError(
                 f"cannot open SQLite database {self.path}: {self._explain(exc)}") from exc
         self._db = db
+        if self.path != ":memory:":
+            with contextlib.suppress(OSError):
+                found = os.stat(self.path)
+                self._file, self._file_seen = (found.st_dev, found.st_ino), time.monotonic()
         try:
             # a database already at this schema is opened with a read: read commands (list,
             # show, the console) never take the write lock; only an upgrade writes, and
@@ -364,6 +380,7 @@ class SqliteStore(Store):
         db = self._db
         if db is None:
             raise StoreError("the store is not open")
+        self._same_file(write)
         try:
             return await db.run(fn, write=write, then_yield=then_yield)
         except sqlite3.DatabaseError as exc:
@@ -384,6 +401,34 @@ class SqliteStore(Store):
                     f"{self.path} is not a readable SQLite database: {message}"
                 ) from exc
             raise StoreError(f"SQLite database {self.path}: {self._explain(exc)}") from exc
+
+    def _same_file(self, write: bool) -> None:
+        """Refuse every call once the database's path no longer names the file this store
+        opened (looked at every :data:`SAME_FILE_EVERY` seconds): the file was deleted, or
+        another put in its place (a backup moved over it). SQLite goes on with the file it
+        has open, which nobody else sees any more: a worker would claim nothing that is
+        started now, and its attempts' journal writes would reach no one while their
+        activities went on acting. A write is refused before it is sent (NotSentError:
+        nothing was written; the attempts stop when their leases lapse), a read too."""
+        if self._file is not None and self._file_gone is None:
+            now = time.monotonic()
+            if now - self._file_seen >= SAME_FILE_EVERY:
+                self._file_seen = now
+                try:
+                    found = os.stat(self.path)
+                except FileNotFoundError:
+                    self._file_gone = "was deleted"
+                except OSError:
+                    pass  # cannot tell (a permission, a lost mount): SQLite will say
+                else:
+                    if (found.st_dev, found.st_ino) != self._file:
+                        self._file_gone = "was replaced by another file"
+        if self._file_gone is not None:
+            message = (f"SQLite database {self.path}: the file this process opened "
+                       f"{self._file_gone} since; this process still sees the old one, "
+                       "which nobody else does, so it writes and reads nothing more. Stop "
+                       "this process; put the file back, or start it anew on the new one")
+            raise NotSentError(message) if write else StoreUnavailableError(message)
 
     def _explain(self, exc: BaseException) -> str:
         """SQLite's error, and what it does not say. The free space left when it may be
