@@ -537,7 +537,7 @@ class _LoopbackNames:
 
     def __init__(self, app: ASGIApp, named: str | None) -> None:
         self.app = app
-        self.named = named.lower() if named else None
+        self.named = named  # foreign_name compares it without case
         self.state = getattr(app, "state", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

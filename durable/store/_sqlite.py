@@ -409,7 +409,8 @@ class SqliteStore(Store):
         has open, which nobody else sees any more: a worker would claim nothing that is
         started now, and its attempts' journal writes would reach no one while their
         activities went on acting. A write is refused before it is sent (NotSentError:
-        nothing was written; the attempts stop when their leases lapse), a read too."""
+        nothing was written; an attempt whose journal write is refused is abandoned and runs
+        no further step), a read as unavailable."""
         if self._file is not None and self._file_gone is None:
             now = time.monotonic()
             if now - self._file_seen >= SAME_FILE_EVERY:
