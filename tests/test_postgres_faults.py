@@ -53,7 +53,13 @@ def _one(conn: Any, query: str, params: tuple[Any, ...] = ()) -> Any:
 
 
 async def _lock_waits(conn: Any, n: int) -> bool:
-    """Whether n connections of the store named APP wait for a lock."""
+    """Whether n connections of the store named APP wait for a lock. Asked inside a
+    transaction (the holder's), PostgreSQL answers from the list of sessions it read at the
+    transaction's first look and keeps till its end (only the wait events are read anew): a
+    session the store's pool opened since (it grows when a write takes the connection a
+    read had) was never counted, so the wait for the second writer timed out now and then.
+    The snapshot is dropped before each look."""
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
     cur = await conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
         "AND datname = current_database() AND application_name = %s", (APP,))

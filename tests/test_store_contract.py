@@ -775,7 +775,10 @@ async def test_postgres_claim_that_trips_the_key_index_claims_nothing(
                     result.append(await store.claim("w1", LEASE, 10))
 
                 tg.start_soon(claim)
-                async with await psycopg.AsyncConnection.connect(base) as watcher:
+                # autocommit: inside a transaction PostgreSQL keeps the sessions it listed
+                # first (a session opened since is never seen)
+                async with await psycopg.AsyncConnection.connect(
+                        base, autocommit=True) as watcher:
                     async def claim_is_blocked() -> bool:
                         cur = await watcher.execute(
                             "SELECT 1 FROM pg_stat_activity"
