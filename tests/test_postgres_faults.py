@@ -911,7 +911,11 @@ async def test_a_record_write_aborted_to_break_a_deadlock_is_tried_again(
     while it waits for b: PostgreSQL breaks the cycle by aborting the transaction that has
     waited longest, the run's. An aborted transaction wrote nothing, so it is a write not
     sent, tried again once the third party is done, in the same attempt; before, the
-    "deadlock detected" error failed the run."""
+    "deadlock detected" error failed the run. Which of the two waits PostgreSQL aborts
+    is decided by whose deadlock check runs first, deadlock_timeout after each began to
+    wait: the third party's wait begins milliseconds after the run's, and under CPU load
+    its check now and then came first (the third party's statement was aborted), so the
+    third party's session checks after 20 s."""
     registry = durable.Registry()
     direct = store_from_url(f"{pg_url}&application_name={APP}")
     await direct.open()
@@ -925,6 +929,7 @@ async def test_a_record_write_aborted_to_break_a_deadlock_is_tried_again(
     await direct.put_records(None, [("dl", "a", "seed"), ("dl", "b", "seed")])
     server, schema = split_url(pg_url)
     holder = await psycopg.AsyncConnection.connect(server, autocommit=True)
+    await holder.execute("SET deadlock_timeout = '20s'")  # the run's check comes first
     lock = sql.SQL("SELECT 1 FROM {}.durable_records WHERE namespace = 'dl' AND key = {} "
                    "FOR UPDATE")
     try:
