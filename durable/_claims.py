@@ -78,6 +78,12 @@ class PendingClaim:
         self.error: StoreError | None = None
         self.sent: tuple[float, float | None] = (0.0, None)
         """When the claim was sent (anyio time, boottime): where its lease starts."""
+        self.handed = False
+        """The run was handed over alone, as created (a start in this process, or its
+        NOTIFY), not read: a claim of it that the store refused leaves nothing known to
+        be queued."""
+        self.dropped = False
+        """Given up before it was sent (:meth:`drop`): the run is still queued."""
         self.void = False
         """The attempt used something its claim decides (``ctx.epoch``): the claim commits
         without the attempt's entries, and a fresh attempt runs on the claimed run."""
@@ -137,6 +143,7 @@ class PendingClaim:
             await self.done.wait()
             return
         self.taken = True
+        self.dropped = True
         finished = []
         with anyio.CancelScope(shield=True):
             for f in self.carried:

@@ -331,6 +331,7 @@ class Client:
         signals = _wake.hub(self.store)
         began = signals.handed
         signals.waiting(run_id, +1)
+        read: Run | None = None
         try:
             with anyio.fail_after(timeout):
                 while True:
@@ -339,7 +340,10 @@ class Client:
                     handed = signals.handed_over(run_id, began)
                     if handed is not None:  # as the finish in this process returned it
                         return handed
-                    run = await self.get(run_id)
+                    told = None if read is None else signals.told_finished(run_id, read)
+                    if told is not None:  # as the signal of its end carried it
+                        return told
+                    read = run = await self.get(run_id)
                     if run.state.finished:
                         return run
                     async with anyio.create_task_group() as either:

@@ -99,6 +99,9 @@ class Hub:
         """Run id -> (:attr:`handed`, the finished run) handed over by the store that
         finished it, for the waits in :attr:`waited` (kept only while one waits)."""
         self.handed = 0
+        self.told_runs: dict[str, Run] = {}
+        """Run id -> the finished run a change signal carried (:meth:`told`), for the waits
+        in :attr:`waited` (kept only while one waits)."""
         self.ends: dict[str, int] = {}
         """Run id -> how many times :meth:`end` was called for it while waited for."""
 
@@ -129,6 +132,23 @@ class Hub:
         found = self.settled.get(run_id)
         return found[1] if found is not None and found[0] > since else None
 
+    def told(self, run: Run) -> None:
+        """A change signal of the store carried ``run`` as the statement that ended it
+        returned it (PostgreSQL's ``durable_done`` NOTIFY, from any process): the waits for
+        it here may take it instead of reading it again (:meth:`told_finished`). Only for
+        a finished run somebody here waits for."""
+        if run.id in self.waited and run.state.finished:
+            self.told_runs[run.id] = run
+
+    def told_finished(self, run_id: str, read: Run) -> Run | None:
+        """The finished run a change signal carried (:meth:`told`), if it ended after
+        ``read``, the wait's last read of it: a signal is delivered when its listener
+        reads it, so it may be of an earlier end (before a replay queued the run again),
+        and a run that was updated since the read cannot have ended before it. The times
+        are the store's one clock; an equal one is not taken (the wait reads instead)."""
+        run = self.told_runs.pop(run_id, None)
+        return run if run is not None and run.updated_at > read.updated_at else None
+
     def waiting(self, run_id: str, delta: int) -> None:
         """A wait for ``run_id`` begins (+1) or ends (-1)."""
         count = self.waited.get(run_id, 0) + delta
@@ -137,6 +157,7 @@ class Hub:
         else:
             self.waited.pop(run_id, None)
             self.settled.pop(run_id, None)
+            self.told_runs.pop(run_id, None)
             self.ends.pop(run_id, None)
 
     def work(self, run_id: str | None = None, run: Run | None = None) -> None:

@@ -517,10 +517,10 @@ class Worker:
         if self._stopping or run.id in self.pending or run.id in held:
             return []
         self._more_queued = free <= 1  # as a read that took all it could would say
-        return [self._spawn_pending(run, workflows, ())]
+        return [self._spawn_pending(run, workflows, (), handed=True)]
 
     def _spawn_pending(self, run: Run, workflows: list[str],
-                       carried: tuple[Finish, ...]) -> PendingClaim:
+                       carried: tuple[Finish, ...], *, handed: bool = False) -> PendingClaim:
         assert self._runs is not None
         sent, sent_boot = anyio.current_time(), _clock.boottime()
         # as the claim will make it (else the claim gives the run to a fresh attempt)
@@ -533,6 +533,7 @@ class Worker:
                           wait_threshold=self.durable_wait_threshold)
         claim = PendingClaim(self.store, self.worker_id, self.lease, run, attempt, carried,
                              workflows, self._claim_committed)
+        claim.handed = handed
         attempt.claim = claim
         attempt.carry = self._carry
         self.pending[run.id] = attempt
@@ -548,7 +549,13 @@ class Worker:
         if outcome is None or outcome.run is None:
             attempt.drop("the run was not claimable any more" if claim.error is None
                          else f"the claim failed: {claim.error}")
-            self._rouse()
+            if claim.error is not None or claim.dropped or not claim.handed:
+                # the run may still be queued (no answer, or never sent), or others
+                # behind the one read
+                self._rouse()
+            # else the store refused a run handed over alone (as created): another
+            # worker took it, or it was cancelled, and nothing else is known to be queued
+            # (each worker of a fleet that a start's NOTIFY woke tries it once, one wins)
             return
         sent, sent_boot = claim.sent
         if claim.error is not None:  # no answer, but the run and its journal told
@@ -637,7 +644,10 @@ class Worker:
         finished otherwise leaves nothing: claiming after it would find nothing, and
         whatever else queued meanwhile woke the loop itself. (No slot free means the last
         claim took all it could, so the end of an attempt then claims: a run that became due
-        meanwhile is claimed without waiting for the poll.)"""
+        meanwhile is claimed without waiting for the poll.) An attempt whose claim did not
+        hold leaves nothing either: :meth:`_claim_committed` woke the loop if it might."""
+        if attempt.unclaimed:  # its claim did not hold: _claim_committed chose already
+            return False
         return (self._more_queued or self._stopping or ended not in SETTLED
                 or attempt.run.key is not None)
 
@@ -693,11 +703,20 @@ class Worker:
         while True:
             try:
                 # no free slot: only a cancel can matter, and it may come a little later
-                await self.store.wait_for_work(30.0, self.worker_id,
-                                               patient=self._free_slots() <= 0)
+                created = await self.store.wait_for_work(30.0, self.worker_id,
+                                                         patient=self._free_slots() <= 0)
             except StoreError as exc:
                 self.log.error("listen_failed", error=str(exc))
                 await anyio.sleep(self.poll_interval)
+                continue
+            if created:
+                # the news was only these runs, created queued (PostgreSQL's NOTIFY carries
+                # them): no cancel to look for; one alone is claimed riding on its first
+                # write, as a start in this process hands it over (_hand_claims); a run of
+                # a workflow this worker does not run is nothing to it
+                for run in created:
+                    if run.workflow in self.registry.workflows:
+                        self.wake(run.id, run)
                 continue
             if self.active:
                 # a busy worker's own commits are changes too: one look per gap at most

@@ -40,7 +40,7 @@ from .._types import (
     SignalSent,
 )
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """The schema version this version of durable writes and understands."""
 
 
@@ -235,7 +235,7 @@ class Store(abc.ABC):
         return watcher.count
 
     async def wait_for_work(self, timeout: float, worker: str | None = None, *,
-                            patient: bool = False) -> None:
+                            patient: bool = False) -> tuple[Run, ...] | None:
         """Return when work may be waiting for this process's worker (a run queued, a cancel
         requested: something another process committed), or after ``timeout`` seconds.
 
@@ -247,13 +247,19 @@ class Store(abc.ABC):
         ``patient``: the caller can take a change up to ``durable._wake.CHANGE_POLL_OWN``
         seconds late while its process commits itself (a worker with no free slot, which
         waits only for cancels): the watcher then looks less often.
+
+        Returns None: the caller looks at what is queued. A store whose signal can say
+        that the news was only runs created queued returns those runs as created (a
+        non-empty tuple; PostgreSQL, where their NOTIFY carries them): the caller may
+        claim them riding on their first write, without a read.
         """
         watcher = self.change_watcher()
         if watcher is None:
             await anyio.sleep(timeout)
-            return
+            return None
         seen = self._work_seen if isinstance(self._work_seen, int) else -1
         self._work_seen = await watcher.wait(seen, timeout, patient=patient)
+        return None
 
     async def wait_for_finished(self, run_id: str, timeout: float,
                                 since: object = None) -> None:

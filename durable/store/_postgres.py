@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import re
 import select
 import time
@@ -121,6 +122,7 @@ Q = {name: _compact(_binary_arrays(query.replace("%(now)s", SERVER_NOW)))
 for _name in ("claim", "claim_with", "claimable", "finish_batch"):  # shared parts
     Q[_name] = Q[_name].replace("/*claimable*/", Q["claimable_where"]).replace(
         "/*claimed*/", Q["claim_set"]).replace("/*finishes*/", Q["finishes"])
+Q = {name: query.replace("/*done_payload*/", Q["done_payload"]) for name, query in Q.items()}
 
 _BINARY_ARRAY = re.compile(r"%\((\w+)\)b(::[a-z ]+)\[\]")
 Q_ONE_ENTRY = {"append_entries": Q["append_entry"],
@@ -179,7 +181,9 @@ CHANNEL = "durable_work"
 
 DONE_CHANNEL = "durable_done"
 """The NOTIFY channel of finished runs, sent by the statements that end a run (queries.sql);
-the payload is ``<schema> <run id>``."""
+the payload is ``<schema> <the run's row as JSON>``, or ``<schema> {"id": <run id>}`` when
+the row does not fit (schema 11; ``<schema> <run id>`` before, from a worker of an older
+version: :func:`_done_payload`)."""
 
 POOL_TIMEOUT = 10.0
 """Seconds to wait for a pooled connection before the store counts as unavailable."""
@@ -1307,9 +1311,12 @@ class PostgresStore(Store):
             async with aclosing(listener.notifies()) as notifies:
                 async for notify in notifies:
                     if notify.payload.startswith(prefix):
+                        run_id, run = _done_payload(notify.payload[len(prefix):])
                         if len(self._done_at) > 10_000:
                             self._done_at.clear()
-                        self._done_at[notify.payload[len(prefix):]] = self._done.generation + 1
+                        self._done_at[run_id] = self._done.generation + 1
+                        if run is not None:  # the waits here take it without a read
+                            _wake.hub(self).told(run)
                         self._done.fire()
                         return False
         except psycopg.Error:
@@ -1325,7 +1332,7 @@ class PostgresStore(Store):
         return {run_id for run_id in (str(r["id"]) for r in rows) if run_id in run_ids}
 
     async def wait_for_work(self, timeout: float, worker: str | None = None, *,
-                            patient: bool = False) -> None:
+                            patient: bool = False) -> tuple[Run, ...] | None:
         """Return when work may be waiting, or after ``timeout`` seconds at the latest.
 
         Work is a run queued (created, requeued, released, recovered), a cancel requested,
@@ -1343,6 +1350,11 @@ class PostgresStore(Store):
         looked at what it queued. One that arrives while the worker claims is judged
         against that claim's snapshot once it returns. A cancel requested always counts.
 
+        Returns the runs the news was, as they were created, when it was only runs created
+        queued whose NOTIFY carried their row (schema 11: the worker's claim can ride on
+        their first write without a read); None when the caller must look (anything else
+        was news, the timeout, a new subscription).
+
         Meant for one waiting task per store (the worker's); concurrent callers take turns.
         """
         lock = self._listen_lock
@@ -1354,16 +1366,16 @@ class PostgresStore(Store):
                 if listener is None or listener.closed:
                     self._listener = await self._subscribe()
                     if self._listener is not None:
-                        return
+                        return None
                 else:
                     try:
-                        await self._next_notification(listener, timeout, worker)
-                        return
+                        return await self._next_notification(listener, timeout, worker)
                     except psycopg.Error:
                         self._listener = None
                         with anyio.CancelScope(shield=True):
                             await listener.close()
                 await anyio.sleep_forever()  # unreachable server: wait out the timeout
+        return None
 
     async def _subscribe(self, channel: str = CHANNEL) -> psycopg.AsyncConnection[Any] | None:
         try:
@@ -1392,41 +1404,56 @@ class PostgresStore(Store):
 
     async def _next_notification(
         self, conn: psycopg.AsyncConnection[Any], timeout: float, worker: str | None
-    ) -> None:
+    ) -> tuple[Run, ...] | None:
         """Return after a notification of this schema that is news to ``worker`` (every
-        one without a worker), or after ``timeout`` seconds without one."""
+        one without a worker), or after ``timeout`` seconds without one (None). The news
+        was only runs created, each carried by its NOTIFY: those runs; else None."""
         while True:
-            news: list[int | None] = []  # the notifying transactions; None: a cancel
+            news: list[_Work] = []
             async with aclosing(conn.notifies(timeout=timeout)) as notifies:
                 async for notify in notifies:
                     if self._work_payload(notify.payload, news):
                         break
             if not news:
-                return  # the timeout
+                return None  # the timeout
             # Consume what else has already arrived: one wake-up covers it.
             async with aclosing(conn.notifies(timeout=0)) as pending:
                 async for notify in pending:
                     self._work_payload(notify.payload, news)
-            if worker is None or None in news:
-                return
+            if worker is None or any(w.txid is None for w in news):
+                return _carried(news)
             ahead = set(self._starts)  # starts in flight, whose hand-over may come next
-            while not all(txid in self._told for txid in news) and ahead & self._starts:
+            while not all(w.txid in self._told for w in news) and ahead & self._starts:
                 await self._start_done.wait(self._start_done.generation)
-            if all(txid in self._told for txid in news):
+            news = [w for w in news if w.txid not in self._told]
+            if not news:
                 continue  # starts this process's workers were told of (told_here)
             while worker in self._claiming:  # judged by the snapshot of the claim under way
                 await self._claimed.wait(self._claimed.generation)
             seen = self._claim_seen.get(worker)
-            if seen is None or not all(seen.saw(txid) for txid in news if txid is not None):
-                return
+            if seen is not None:
+                news = [w for w in news if w.txid is None or not seen.saw(w.txid)]
+            if news:
+                return _carried(news)
 
-    def _work_payload(self, payload: str, news: list[int | None]) -> bool:
-        """Add the transaction a ``durable_work`` payload of this schema names to
-        ``news`` (None: a cancel, or a payload naming none); False: another schema's."""
-        schema, _, txid = payload.partition(" ")
+    def _work_payload(self, payload: str, news: list[_Work]) -> bool:
+        """Add what a ``durable_work`` payload of this schema says to ``news`` (the
+        transaction, None for a cancel or a payload naming none; the run it carries, if
+        any); False: another schema's."""
+        schema, _, rest = payload.partition(" ")
         if schema != self.schema:
             return False
-        news.append(int(txid) if txid.isdigit() else None)
+        txid, _, row = rest.partition(" ")
+        if not txid.isdigit():
+            news.append(_Work(None, None))
+            return True
+        run = None
+        if row:
+            try:
+                run = Run.from_row(json.loads(row))
+            except (ValueError, TypeError, KeyError):
+                run = None  # not understood: news all the same, to be read
+        news.append(_Work(int(txid), run))
         return True
 
     # -- schedules (durable/_schedules.py) ----------------------------------------------------
@@ -1761,3 +1788,38 @@ class Snapshot:
         """Whether a transaction that committed was visible to this snapshot: it ended
         before the snapshot was taken (PostgreSQL's ``txid_visible_in_snapshot``)."""
         return txid < self.xmin or (txid < self.xmax and txid not in self.running)
+
+
+@attrs.frozen
+class _Work:
+    """What one ``durable_work`` NOTIFY said: the transaction (None: a cancel, or no
+    transaction named) and the run it carried, as created (schema 11)."""
+
+    txid: int | None
+    run: Run | None
+
+
+def _carried(news: Sequence[_Work]) -> tuple[Run, ...] | None:
+    """The runs the news carried when it was nothing else (schema 11); None: look."""
+    runs = tuple(w.run for w in news if w.run is not None)
+    return runs if len(runs) == len(news) else None
+
+
+def _done_payload(text: str) -> tuple[str, Run | None]:
+    """The run id a ``durable_done`` payload (after its schema) names, and the run as it
+    ended when the payload carries its row. A payload that is not a JSON object with an
+    ``id`` is a run id alone, as a statement of a version before schema 11 sends it."""
+    if text.startswith("{"):
+        try:
+            row = json.loads(text)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("id"), str):
+            if "state" not in row:
+                return row["id"], None
+            try:
+                run = Run.from_row(row)
+            except (ValueError, TypeError, KeyError):
+                return row["id"], None  # not understood: the waits read the run
+            return run.id, run if run.state.finished else None
+    return text, None

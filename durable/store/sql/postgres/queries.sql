@@ -9,9 +9,18 @@
 -- Journal entries of one call travel as parallel arrays (%(kinds)s, %(steps)s, ...) and are
 -- inserted in their order by one statement.
 -- A statement that ends a run (finish, a release or cancel that ends it cancelled) also
--- sends NOTIFY durable_done, '<schema> <run id>' (%(schema)s): delivered when it commits,
--- to the waits of other processes (Store.wait_for_finished), with no statement of its own.
--- It returns the run's row, which the store hands to the waits of its own process.
+-- sends NOTIFY durable_done, '<schema> <the run's row as JSON>' (%(schema)s; '<schema>
+-- {"id": <run id>}' when the row does not fit in a NOTIFY: done_payload): delivered when it
+-- commits, to the waits of other processes (Store.wait_for_finished), with no statement of
+-- its own. It returns the run's row, which the store hands to the waits of its own process.
+
+-- name: done_payload
+-- The payload of the durable_done NOTIFY of the run of the CTE run (schema 11): the run as
+-- it ended, for the waits of other processes to take without reading it again, or its id
+-- alone when that would not fit (a NOTIFY payload is under 8,000 bytes).
+CASE WHEN octet_length(row_to_json(run)::text) < 7990 - octet_length(%(schema)s)
+          THEN %(schema)s || ' ' || row_to_json(run)::text
+          ELSE %(schema)s || ' ' || json_build_object('id', run.id)::text END
 
 -- name: insert_run
 -- run_at NULL: due at once, at the statement's time (the server's), which the entry's data
@@ -361,7 +370,7 @@ jobs AS (
     JOIN run ON run.job = e.job
     ORDER BY e.ord
 ), notified AS (
-    SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n FROM run
+    SELECT count(pg_notify('durable_done', /*done_payload*/)) AS n FROM run
 )
 
 -- name: finish_run
@@ -381,7 +390,7 @@ WITH run AS (
          WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
     ORDER BY e.ord
 ), notified AS (
-    SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n FROM run
+    SELECT count(pg_notify('durable_done', /*done_payload*/)) AS n FROM run
 )
 SELECT run.* FROM run, notified;
 
@@ -417,7 +426,7 @@ WITH run AS (
     WHERE e.ord < 9223372036854775807 OR run.state = 'cancelled'
     ORDER BY e.ord
 ), notified AS (
-    SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n
+    SELECT count(pg_notify('durable_done', /*done_payload*/)) AS n
     FROM run WHERE state = 'cancelled'
 )
 SELECT count(*) AS done FROM run, notified;
@@ -508,7 +517,7 @@ WITH run AS (
            %(now)s, %(data)s
     FROM run
 ), notified AS (
-    SELECT count(pg_notify('durable_done', %(schema)s || ' ' || id)) AS n
+    SELECT count(pg_notify('durable_done', /*done_payload*/)) AS n
     FROM run WHERE state = 'cancelled'
 )
 SELECT run.* FROM run, notified;
