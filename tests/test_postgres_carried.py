@@ -17,7 +17,7 @@ from durable import RunState, _wake
 from durable.store import Store
 
 from .helpers import poll
-from .pg import pg_url, postgres_server
+from .pg import connect_sync, pg_url, postgres_server
 from .test_claim_wakes import Claims
 from .test_wake import opened, worker_on
 
@@ -65,7 +65,7 @@ async def test_postgres_a_created_run_s_notify_carries_it_as_created(
         pg_url: str, registry: durable.Registry) -> None:
     """What ``wait_for_work`` returns is the run as its start created it, to the last bit of
     its floats; a run whose row does not fit in a NOTIFY is announced without it (the
-    worker then reads), and so is a run queued again."""
+    worker then reads), and so are a run queued again and runs inserted by one statement."""
     flows(registry)
     async with opened(pg_url) as mine, opened(pg_url) as theirs:
         client = durable.Client(theirs, registry=registry)
@@ -81,6 +81,12 @@ async def test_postgres_a_created_run_s_notify_carries_it_as_created(
             await client.cancel(late.id)  # a queued run cancelled: no work, no NOTIFY
             await client.replay(late.id)  # queued again: an update, announced without it
             assert await mine.wait_for_work(LONG) is None
+            with connect_sync(pg_url) as raw:  # several runs inserted by one statement
+                raw.execute(
+                    "INSERT INTO durable_runs (id, workflow, args, state, epoch, attempt, run_at,"
+                    " created_at, updated_at) SELECT 'bulk' || g, 'carried.echo', '1', 'queued',"
+                    " 0, 0, 0, 0, 0 FROM generate_series(1, 3) AS g")
+            assert await mine.wait_for_work(LONG) is None  # one NOTIFY, no run carried
 
 
 @pg_only
@@ -191,6 +197,8 @@ async def test_postgres_workers_of_a_fleet_try_a_carried_run_once_each(
                 for i in range(2):  # the listeners' first subscriptions
                     await client.wait((await client.start("carried.echo", i, id=f"w{i}")).id,
                                       poll=LONG)
+                # no claim half counted: one that lost sent before, returned after
+                await poll(lambda: all(c.returned == c.started for c in counted))
                 before = [(c.started, c.rides, c.reads, c.empty) for c in counted]
                 for i in range(20):
                     run = await client.start("carried.echo", i, id=f"f{i}")
