@@ -1311,12 +1311,15 @@ class PostgresStore(Store):
             async with aclosing(listener.notifies()) as notifies:
                 async for notify in notifies:
                     if notify.payload.startswith(prefix):
-                        run_id, run = _done_payload(notify.payload[len(prefix):])
+                        run_id, row = _done_payload(notify.payload[len(prefix):])
                         if len(self._done_at) > 10_000:
                             self._done_at.clear()
                         self._done_at[run_id] = self._done.generation + 1
-                        if run is not None:  # the waits here take it without a read
-                            _wake.hub(self).told(run)
+                        signals = _wake.hub(self)
+                        if row is not None and run_id in signals.waited:
+                            run = _ended(row)
+                            if run is not None:  # the waits here take it without a read
+                                signals.told(run)
                         self._done.fire()
                         return False
         except psycopg.Error:
@@ -1444,16 +1447,7 @@ class PostgresStore(Store):
         if schema != self.schema:
             return False
         txid, _, row = rest.partition(" ")
-        if not txid.isdigit():
-            news.append(_Work(None, None))
-            return True
-        run = None
-        if row:
-            try:
-                run = Run.from_row(json.loads(row))
-            except (ValueError, TypeError, KeyError):
-                run = None  # not understood: news all the same, to be read
-        news.append(_Work(int(txid), run))
+        news.append(_Work(int(txid), row or None) if txid.isdigit() else _Work(None, None))
         return True
 
     # -- schedules (durable/_schedules.py) ----------------------------------------------------
@@ -1793,33 +1787,45 @@ class Snapshot:
 @attrs.frozen
 class _Work:
     """What one ``durable_work`` NOTIFY said: the transaction (None: a cancel, or no
-    transaction named) and the run it carried, as created (schema 11)."""
+    transaction named) and the run it carried, as created (schema 11: its row as JSON,
+    read only if it is news)."""
 
     txid: int | None
-    run: Run | None
+    row: str | None
 
 
 def _carried(news: Sequence[_Work]) -> tuple[Run, ...] | None:
-    """The runs the news carried when it was nothing else (schema 11); None: look."""
-    runs = tuple(w.run for w in news if w.run is not None)
-    return runs if len(runs) == len(news) else None
+    """The runs the news carried when it was nothing else (schema 11); None: look (a row
+    that is not understood is news all the same, to be read)."""
+    runs = []
+    for work in news:
+        if work.row is None:
+            return None
+        try:
+            runs.append(Run.from_row(json.loads(work.row)))
+        except (ValueError, TypeError, KeyError):
+            return None
+    return tuple(runs)
 
 
-def _done_payload(text: str) -> tuple[str, Run | None]:
-    """The run id a ``durable_done`` payload (after its schema) names, and the run as it
-    ended when the payload carries its row. A payload that is not a JSON object with an
-    ``id`` is a run id alone, as a statement of a version before schema 11 sends it."""
+def _done_payload(text: str) -> tuple[str, dict[str, Any] | None]:
+    """The run id a ``durable_done`` payload (after its schema) names, and the run's row
+    when the payload carries it. A payload that is not a JSON object with an ``id`` is a
+    run id alone, as a statement of a version before schema 11 sends it."""
     if text.startswith("{"):
         try:
             row = json.loads(text)
         except ValueError:
             row = None
         if isinstance(row, dict) and isinstance(row.get("id"), str):
-            if "state" not in row:
-                return row["id"], None
-            try:
-                run = Run.from_row(row)
-            except (ValueError, TypeError, KeyError):
-                return row["id"], None  # not understood: the waits read the run
-            return run.id, run if run.state.finished else None
+            return row["id"], row if "state" in row else None
     return text, None
+
+
+def _ended(row: Mapping[str, Any]) -> Run | None:
+    """The run a ``durable_done`` payload carried, if it is understood and finished."""
+    try:
+        run = Run.from_row(row)
+    except (ValueError, TypeError, KeyError):
+        return None  # the waits read the run
+    return run if run.state.finished else None
