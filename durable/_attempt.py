@@ -214,9 +214,10 @@ class Attempt:
             self.log.info("attempt_stopping", reason=reason)
         self.scope.cancel()
 
-    def lose(self, reason: str = "lease lost") -> None:
-        """The lease is gone: refuse every request and write from now on, and stop."""
-        if not self.lost:
+    def lose(self, reason: str = "lease lost", *, quiet: bool = False) -> None:
+        """The lease is gone: refuse every request and write from now on, and stop.
+        ``quiet``: not said at info level (an attempt that never held its run)."""
+        if not self.lost and not quiet:
             self.log.info("attempt_stopping", reason=reason)
         self.lease.lose(reason)
         self._tell_lost()
@@ -238,11 +239,14 @@ class Attempt:
         self._log = None  # bound again to the run as claimed, when it logs
         self.log.info("attempt_started", in_doubt=0)
 
-    def drop(self, reason: str) -> None:
-        """The claim did not hold (or its attempt is replaced): stop, writing nothing."""
+    def drop(self, reason: str, *, quiet: bool = False) -> None:
+        """The claim did not hold (or its attempt is replaced): stop, writing nothing.
+        ``quiet``: the store refused the claim (the run was taken or cancelled), which
+        is logged at debug level only (``attempt_dropped``): of a fleet that a start's
+        NOTIFY woke, every worker but one drops its attempt of that run."""
         self.claim = None
         self.unclaimed = True
-        self.lose(reason)
+        self.lose(reason, quiet=quiet)
 
     async def _claimed(self, entries: Sequence[JournalWrite] = ()) -> bool:
         """Commit the pending claim (with ``entries``, its first journal write), or wait for

@@ -548,7 +548,8 @@ class Worker:
         outcome = claim.outcome
         if outcome is None or outcome.run is None:
             attempt.drop("the run was not claimable any more" if claim.error is None
-                         else f"the claim failed: {claim.error}")
+                         else f"the claim failed: {claim.error}",
+                         quiet=claim.error is None and not claim.dropped)
             if claim.error is not None or claim.dropped or not claim.handed:
                 # the run may still be queued (no answer, or never sent), or others
                 # behind the one read

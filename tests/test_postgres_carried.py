@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 import durable
+import durable.testing
 from durable import RunState, _wake
 from durable.store import Store
 
@@ -187,13 +188,14 @@ async def test_postgres_workers_of_a_fleet_try_a_carried_run_once_each(
     """Two workers on store objects of their own (as on two hosts), starts on a third:
     each start's NOTIFY wakes both, each tries the carried run once riding on its first
     write, one wins; the other drops its attempt and claims nothing more (the run went to
-    another worker, and nothing else is known to be queued): no read, no plain claim."""
+    another worker, and nothing else is known to be queued): no read, no plain claim, and
+    nothing said above debug level."""
     flows(registry)
     async with opened(pg_url) as one, opened(pg_url) as two, opened(pg_url) as mine:
         counted = [Claims(one), Claims(two)]
         client = durable.Client(mine, registry=registry)
-        async with worker_on(one, registry), worker_on(two, registry):
-            with anyio.fail_after(BOUND):
+        with durable.testing.capture_logs() as logs, anyio.fail_after(BOUND):
+            async with worker_on(one, registry), worker_on(two, registry):
                 for i in range(2):  # the listeners' first subscriptions
                     await client.wait((await client.start("carried.echo", i, id=f"w{i}")).id,
                                       poll=LONG)
@@ -208,3 +210,8 @@ async def test_postgres_workers_of_a_fleet_try_a_carried_run_once_each(
     assert all(started == rides and reads == 0 for started, rides, reads, _ in made), made
     assert sum(rides - lost for _, rides, _, lost in made) == 20, made  # one win per run
     assert sum(lost for *_, lost in made) > 0, made  # and races lost
+    # said at debug level only: a fleet's losers would log a line per worker per run
+    dropped = [e for e in logs if e["event"] == "attempt_dropped"]
+    assert len(dropped) >= sum(lost for *_, lost in made), made
+    assert not [e for e in logs if e["event"] == "attempt_stopping"
+                and e["reason"] != "shutdown"], dropped
