@@ -490,7 +490,9 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
         raise
     await store.open()
     try:
-        _say_created(store)
+        if store.created is not None:  # a log line like the worker's others (JSON with
+            # --log-format json): a mistyped --db shows
+            worker.log.warning("database_created", at=store.created)
         async with anyio.create_task_group() as tg:
             await tg.start(_watch_signals, worker)  # handlers in place before worker_started
             if metrics_listener is not None:

@@ -13,7 +13,12 @@ are redacted of credentials *before* the record is emitted, whoever handles it; 
 application can put :class:`RedactingFilter` on its own handlers for other loggers' records.
 
 :func:`configure_logging` is the command line's rendering (console or JSON lines on stderr,
-with structlog's renderers): one handler on the ``durable`` logger, nothing global.
+with structlog's renderers): one handler on the ``durable`` logger, and one on each driver's
+logger (psycopg's) that hands their warnings to it as structured records; no level is set
+outside ``durable``.
+
+A worker's loop that fails again and again (the store unreachable for an hour) logs through
+:class:`Repeats`: the first failure, one line a minute while it lasts, and its end.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -169,7 +175,8 @@ class Logger:
         fields.setdefault("exc_info", True)
         self._log(logging.ERROR, event, fields)
 
-    def _log(self, level: int, event: str, call: dict[str, Any]) -> None:
+    def _log(self, level: int, event: str, call: dict[str, Any], depth: int = 2) -> None:
+        """``depth``: the frames from here to the code the record names (its line)."""
         logger = self._logger
         if not logger.isEnabledFor(level):
             return
@@ -181,7 +188,7 @@ class Logger:
         more = self._more
         fields = redact_fields({**self._bound, **call} if more is None
                                else {**self._bound, **more, **call})
-        caller = sys._getframe(2)
+        caller = sys._getframe(depth)
         record = logger.makeRecord(
             logger.name, level, caller.f_code.co_filename, caller.f_lineno,
             render_message(redact(event), fields), (), None, caller.f_code.co_name,
@@ -201,6 +208,79 @@ def get_logger(name: str = ROOT, **bound: Any) -> Logger:
 
 _loggers: dict[str, logging.Logger] = {}
 """``logging.getLogger`` by name, without its lock (an attempt's logger is made per run)."""
+
+
+REPEAT_EVERY = 60.0
+"""Seconds between two lines of a failure that goes on (:class:`Repeats`)."""
+
+
+class Repeats:
+    """A loop's failures (``claim_failed``...) logged so that a lasting outage is a few
+    lines, not one per try.
+
+    The first failure of a streak is logged at once, with ``failures=1``. An error is
+    logged again only ``every`` seconds after its last line (the same text: a server that
+    refuses, then times out, then refuses again is two texts, each once a minute), with
+    ``failures`` (of the streak so far), ``failing_for`` (seconds since the streak began)
+    and ``unlogged`` (the failures not logged since the last line). The first success after
+    failures logs ``<name>_recovered`` at info level (``claim_failed`` → ``claim_recovered``)
+    with the streak's ``failures`` and ``failing_for``. ``clock`` is monotonic seconds
+    (injected by tests); ``frames``, the frames between the code a line should name and
+    :meth:`failed` (a helper's).
+    """
+
+    __slots__ = ("_clock", "_depth", "_every", "_level", "_log", "_said", "_shown", "event",
+                 "failures", "recovered", "since")
+
+    def __init__(self, log: Logger, event: str, *, level: int = logging.ERROR,
+                 every: float = REPEAT_EVERY,
+                 clock: Callable[[], float] = time.monotonic, frames: int = 0) -> None:
+        if not event.endswith("_failed"):
+            raise ValueError(f"a failure's event ends in _failed, not {event!r}")
+        self._log = log
+        self.event = event
+        self.recovered = event.removesuffix("_failed") + "_recovered"
+        self._level = level
+        self._every = every
+        self._clock = clock
+        self.failures = 0
+        """Failures of the streak going on (0: none)."""
+        self.since = 0.0
+        self._depth = 2 + frames
+        self._shown: dict[str, float] = {}  # an error's text -> when its last line was
+        self._said = 0  # the count at the last line
+
+    def failed(self, error: BaseException | str, **fields: Any) -> None:
+        """One more failure: logged if it begins a streak, is another error than the last
+        line's, or ``every`` seconds passed since that line; counted otherwise."""
+        now = self._clock()
+        text = str(error)
+        self.failures += 1
+        if self.failures == 1:
+            self.since = now
+            self._shown.clear()
+        else:
+            shown = self._shown.get(text)
+            if shown is not None and now - shown < self._every:
+                return
+        more: dict[str, Any] = {"failures": self.failures}
+        if self.failures > 1:
+            more["failing_for"] = round(now - self.since, 1)
+            more["unlogged"] = self.failures - self._said - 1
+        self._log._log(self._level, self.event, {"error": text, **fields, **more},
+                       self._depth)
+        if len(self._shown) >= 100:  # texts that name a run each: stay small
+            self._shown.clear()
+        self._shown[text], self._said = now, self.failures
+
+    def succeeded(self, **fields: Any) -> None:
+        """A success: ends a streak of failures with one line (nothing if none)."""
+        if not self.failures:
+            return
+        self._log._log(logging.INFO, self.recovered, {
+            **fields, "failures": self.failures,
+            "failing_for": round(self._clock() - self.since, 1)}, self._depth)
+        self.failures = 0
 
 
 # standard LogRecord attributes: everything else on a record came from ``extra``
@@ -276,11 +356,66 @@ class _CliHandler(logging.StreamHandler[IO[str]]):
     """The handler :func:`configure_logging` installs (and replaces when called again)."""
 
 
+DRIVERS = ("psycopg",)
+"""Loggers of the drivers the stores use (``psycopg.pool`` is under ``psycopg``): left
+alone, their warnings reach stderr through ``logging``'s last resort as plain text of
+several lines (a PostgreSQL outage: ``error connecting in 'durable:...'`` a few times a
+second), between the command line's JSON lines."""
+
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
+
+
+class _DriverHandler(logging.Handler):
+    """A driver's records as the command line's own (:data:`DRIVERS`): the structured
+    event ``driver_message`` with the ``logger`` and its ``message`` on one line, redacted
+    by the handler it hands them to; the same message again (object addresses aside) is
+    shown once per ``every`` seconds at most, with how many were not shown meanwhile
+    (``unlogged``)."""
+
+    def __init__(self, target: logging.Handler, *, every: float = REPEAT_EVERY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._target = target
+        self._every = every
+        self._clock = clock
+        self._seen: dict[tuple[str, str], list[float]] = {}  # -> [last shown, unshown]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < self._target.level:  # the command line's --log-level
+            return
+        try:
+            message = " ".join(record.getMessage().split())
+            key = (record.name, _ADDRESS.sub("0x", message))
+            now = self._clock()
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self._every:
+                seen[1] += 1
+                return
+            fields: dict[str, Any] = {"logger": record.name, "message": message}
+            if seen is not None and seen[1]:
+                fields["unlogged"] = int(seen[1])
+            if len(self._seen) >= 1000:  # a driver's every message differs: stay small
+                self._seen.clear()
+            self._seen[key] = [now, 0]
+            out = logging.makeLogRecord({
+                "name": record.name, "levelno": record.levelno,
+                "levelname": record.levelname, "created": record.created,
+                "msg": render_message("driver_message", fields), "args": None,
+                "event": "driver_message", "fields": fields})
+            if record.exc_info and record.exc_info[0] is not None:
+                out.exc_text = _redacted_traceback(record.exc_info)
+            self._target.handle(out)
+        except Exception:  # a handler never raises into the code that logged
+            self.handleError(record)
+
+
 def configure_logging(*, json: bool = False, level: str = "info",
                       stream: IO[str] | None = None) -> logging.Handler:
     """Render durable's logs on ``stream`` (stderr): console (coloured on a terminal) or JSON
-    lines, from ``level`` up. Replaces the handler of an earlier call, leaves every other
-    handler alone, and configures nothing outside the ``durable`` logger. Returns the handler.
+    lines, from ``level`` up. The warnings of the drivers the stores use (:data:`DRIVERS`)
+    are rendered the same way, as ``driver_message``, a repeated one once a minute at most.
+    Replaces the handlers of an earlier call, leaves every other handler alone, and sets no
+    level outside the ``durable`` logger. Returns the handler.
     """
     out = sys.stderr if stream is None else stream
     number = logging.getLevelNamesMapping()[level.upper()]
@@ -294,4 +429,10 @@ def configure_logging(*, json: bool = False, level: str = "info",
         old.close()
     logger.addHandler(handler)
     logger.setLevel(number)
+    for name in DRIVERS:
+        driver = logging.getLogger(name)
+        for gone in [h for h in driver.handlers if isinstance(h, _DriverHandler)]:
+            driver.removeHandler(gone)
+            gone.close()
+        driver.addHandler(_DriverHandler(handler))
     return handler

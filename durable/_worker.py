@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -20,7 +21,7 @@ from ._attempt import Attempt
 from ._claims import WRITE_TIMEOUT, PendingClaim
 from ._errors import ConfigError, DurableError, NotSentError, StoreError
 from ._interceptors import Chain, ClaimInfo, Interceptor, RenewInfo, around, tell
-from ._logging import get_logger
+from ._logging import Repeats, get_logger
 from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
 from ._registry import Registry, Workflow, default_registry
 from ._retention import prune
@@ -207,6 +208,9 @@ class Worker:
         poll*)."""
         self._changed = anyio.Event()
         self.log = get_logger("durable.worker", worker=self.worker_id)
+        self._failing: dict[str, Repeats] = {}
+        """A loop's failures that go on (a store outage), by event: logged as they begin,
+        once a minute while they last, and when they end (:class:`Repeats`)."""
         self.interceptors = tuple(interceptors)
         self._chain = Chain.of(self.interceptors)
         self.schedule_interval = schedule_interval
@@ -350,6 +354,7 @@ class Worker:
                             for claim in read:
                                 await claim.settle()
                             failures = 0
+                            self._succeeded("claim_failed")
                             if len(read) == free:
                                 continue
                         else:
@@ -369,10 +374,11 @@ class Worker:
                             took = frozenset(run.id for run in claimed)
                             self._more_queued = len(claimed) >= free
                             failures = 0
+                            self._succeeded("claim_failed")
                     except StoreError as exc:
                         failures += 1
                         self._more_queued = True  # not known: the next attempt's end claims
-                        self.log.error("claim_failed", error=str(exc), failures=failures)
+                        self._failed("claim_failed", exc)
                         if not isinstance(exc, NotSentError):
                             await self._give_back_unheld()
                     for i, run in enumerate(claimed):
@@ -399,6 +405,22 @@ class Worker:
             if polled.cancelled_caught:  # the poll, or a run became due: read the queue
                 self._read_owed = self._due_owed = True
 
+    def _failed(self, event: str, exc: BaseException, level: int = logging.ERROR,
+                **fields: Any) -> None:
+        """A loop's failure ``event``: logged unless it repeats the one before within a
+        minute (:class:`~durable._logging.Repeats`)."""
+        repeats = self._failing.get(event)
+        if repeats is None:
+            repeats = self._failing[event] = Repeats(self.log, event, level=level,
+                                                     clock=anyio.current_time, frames=1)
+        repeats.failed(exc, **fields)
+
+    def _succeeded(self, event: str) -> None:
+        """A loop's success: the end of its failures ``event`` is logged, if it failed."""
+        repeats = self._failing.get(event)
+        if repeats is not None and repeats.failures:
+            repeats.succeeded()
+
     async def _next_due(self, workflows: list[str]) -> float | None:
         """When the earliest queued run of this worker's workflows that is not due yet
         becomes due (:attr:`_due_at`), read from the store; None if none (or the read
@@ -406,9 +428,10 @@ class Worker:
         try:
             due_in = await self.store.next_due_in(workflows)
         except StoreError as exc:
-            self.log.warning("next_due_failed", error=str(exc))
+            self._failed("next_due_failed", exc, logging.WARNING)
             self._due_at = None
             return None
+        self._succeeded("next_due_failed")
         self._due_owed = False
         self._due_at = None if due_in is None else anyio.current_time() + due_in
         return self._due_at
@@ -677,8 +700,9 @@ class Worker:
                     self._chain.renew, RenewInfo(self.worker_id, len(fences)),
                     lambda: self.store.renew(self.worker_id, fences, self.lease, details)))
         except StoreError as exc:
-            self.log.error("renew_failed", error=str(exc), runs=len(attempts))
+            self._failed("renew_failed", exc, runs=len(attempts))
             return
+        self._succeeded("renew_failed")
         held = {r.run_id: r for r in renewals}
         for attempt in attempts:
             if attempt.concluding:  # its finish may have committed already: not a loss
@@ -707,9 +731,10 @@ class Worker:
                 created = await self.store.wait_for_work(30.0, self.worker_id,
                                                          patient=self._free_slots() <= 0)
             except StoreError as exc:
-                self.log.error("listen_failed", error=str(exc))
+                self._failed("listen_failed", exc)
                 await anyio.sleep(self.poll_interval)
                 continue
+            self._succeeded("listen_failed")
             if created:
                 # the news was only these runs, created queued (PostgreSQL's NOTIFY carries
                 # them): no cancel to look for; one alone is claimed riding on its first
@@ -738,8 +763,9 @@ class Worker:
             flagged = await self.store.cancels_requested(
                 {a.run.id for a in self.active.values()})
         except StoreError as exc:
-            self.log.error("cancel_check_failed", error=str(exc))
+            self._failed("cancel_check_failed", exc)
             return
+        self._succeeded("cancel_check_failed")
         if not flagged:
             return
         for attempt in list(self.active.values()):
@@ -751,8 +777,9 @@ class Worker:
         while True:
             try:
                 recovered = await self.store.recover_stale()
+                self._succeeded("sweep_failed")
             except StoreError as exc:
-                self.log.error("sweep_failed", error=str(exc))
+                self._failed("sweep_failed", exc)
                 recovered = []
             for fence in recovered:
                 self.log.warning("run_recovered", workflow_id=fence.run_id, epoch=fence.epoch,
@@ -780,8 +807,9 @@ class Worker:
                 wait = self.schedule_interval
                 if upcoming is not None:
                     wait = min(wait, max(0.0, upcoming - await self.store.now()))
+                self._succeeded("schedule_failed")
             except DurableError as exc:
-                self.log.error("schedule_failed", error=str(exc))
+                self._failed("schedule_failed", exc)
                 wait = self.schedule_interval
             with anyio.move_on_after(wait):
                 await self._schedule_wake.wait()
@@ -795,11 +823,12 @@ class Worker:
         while not self._stopping:
             try:
                 count = await prune(self.store, self.prune_older_than)
+                self._succeeded("prune_failed")
                 self.pruned += count
                 if count:
                     self.log.info("runs_pruned", runs=count, older_than=self.prune_older_than)
             except DurableError as exc:
-                self.log.error("prune_failed", error=str(exc))
+                self._failed("prune_failed", exc)
             await anyio.sleep(self.prune_interval)
 
     # -- liveness (one machine) ------------------------------------------------------------------
@@ -826,8 +855,9 @@ class Worker:
             if dead:
                 try:
                     await self.take_over_dead(folder, set(dead))
+                    self._succeeded("liveness_sweep_failed")
                 except StoreError as exc:
-                    self.log.error("liveness_sweep_failed", error=str(exc))
+                    self._failed("liveness_sweep_failed", exc)
             await anyio.sleep(self.liveness_interval)
 
     async def take_over_dead(self, folder: Path, dead: set[str]) -> list[Fence]:

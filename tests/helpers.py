@@ -24,6 +24,23 @@ from .conftest import ROOT, subprocess_env
 
 
 @asynccontextmanager
+async def stopped_by_sigterm(proc: anyio.abc.Process, bound: float = 30.0
+                             ) -> AsyncIterator[None]:
+    """The block, then SIGTERM to ``proc`` and its end within ``bound``; a process still
+    running after that (the block or the wait failed) is SIGKILLed with its group."""
+    try:
+        yield
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(bound):
+            await proc.wait()
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            with anyio.move_on_after(10, shield=True):
+                await proc.wait()
+
+
+@asynccontextmanager
 async def running_worker(client: durable.Client, registry: durable.Registry,
                          **options: Any) -> AsyncIterator[durable.Worker]:
     """A worker on ``client``'s store running ``registry``'s workflows for the block."""

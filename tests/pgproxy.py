@@ -40,6 +40,21 @@ class LosingProxy:
         """Set once an answer was withheld, or a request lost (its connection closed)."""
         self.answers_lost = 0
         self.requests_lost = 0
+        self._down = False  # an outage: every connection cut, new ones closed at once
+        self.refused = 0
+        """Connections closed at once during an outage."""
+        self._live: set[anyio.CancelScope] = set()
+
+    def down(self) -> None:
+        """Begin an outage: cut every connection through the proxy, and close each new one
+        at once (as a server that is down, or a network cut that the kernel reports)."""
+        self._down = True
+        for scope in self._live:
+            scope.cancel()
+
+    def up(self) -> None:
+        """End the outage: new connections reach the server again."""
+        self._down = False
 
     def url(self, store_url: str) -> str:
         """``store_url`` with its host and port this proxy's."""
@@ -72,6 +87,10 @@ class LosingProxy:
             await listener.serve(self._connection, task_group=self._tg)
 
     async def _connection(self, client: SocketStream) -> None:
+        if self._down:
+            self.refused += 1
+            await client.aclose()
+            return
         try:
             server = await anyio.connect_tcp(*self.target)
         except OSError:  # the server is down: so is this connection (as without a proxy)
@@ -113,9 +132,16 @@ class LosingProxy:
             finally:  # either side gone (or a loss): both closed
                 tg.cancel_scope.cancel()
 
-        async with client, server, anyio.create_task_group() as tg:
-            tg.start_soon(pump, client, server, lost_up)
-            tg.start_soon(pump, server, client, lost_down)
+        with anyio.CancelScope() as live:  # cut by down()
+            self._live.add(live)
+            if self._down:  # the outage began while this one connected
+                live.cancel()
+            try:
+                async with client, server, anyio.create_task_group() as tg:
+                    tg.start_soon(pump, client, server, lost_up)
+                    tg.start_soon(pump, server, client, lost_down)
+            finally:
+                self._live.discard(live)
 
 
 @asynccontextmanager

@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +20,7 @@ import durable.testing
 from durable._logging import get_logger
 
 from .conftest import ROOT, subprocess_env
+from .helpers import stopped_by_sigterm
 
 TOKEN = "s3cr3t-t0ken-value"
 
@@ -297,17 +296,9 @@ async def test_the_cli_worker_writes_json_lines_on_stderr(tmp_path: Path) -> Non
                  str(module), "--log-format", "json", "--poll", "0.05"],
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                 start_new_session=True)
-        try:
+        async with stopped_by_sigterm(proc):
             done = await client.wait("c1", timeout=60)
             assert done.state is durable.RunState.FAILED
-            proc.send_signal(signal.SIGTERM)
-            with anyio.fail_after(30):
-                await proc.wait()
-        finally:
-            if proc.returncode is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                with anyio.move_on_after(10, shield=True):
-                    await proc.wait()
     assert proc.returncode == 0, stderr.read_text()
     assert stdout.read_text() == ""
     text = stderr.read_text()
