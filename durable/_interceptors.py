@@ -194,10 +194,24 @@ class Interceptor:
         """:meth:`durable.Client.start` is about to create a run (may fill
         ``info.headers``)."""
 
+    def on_loop_failed(self, loop: str, error: str) -> None:
+        """A try of one of the worker's loops failed (the store unreachable, say): ``loop``
+        is one of :data:`LOOPS`; told of every try, logged or not (a failure that goes on
+        is logged once a minute: docs/observability.md, *Logs during an outage*)."""
+
+    def on_loop_recovered(self, loop: str, failures: int, seconds: float) -> None:
+        """``loop`` succeeded again after ``failures`` failed tries over ``seconds``."""
+
+
+LOOPS = ("claim", "next_due", "renew", "listen", "cancel_check", "sweep", "schedule",
+         "prune", "liveness_sweep")
+"""The worker's loops whose failures are told (``on_loop_failed``) and logged
+(``<loop>_failed``, ``<loop>_recovered``)."""
 
 _AROUND = ("intercept_claim", "intercept_attempt", "intercept_step", "intercept_request",
            "intercept_write", "intercept_renew")
-_EVENTS = ("on_lease_lost", "on_recovered", "on_step_in_doubt", "on_start")
+_EVENTS = ("on_lease_lost", "on_recovered", "on_step_in_doubt", "on_start", "on_loop_failed",
+           "on_loop_recovered")
 
 
 def _overrides(interceptor: object, name: str) -> bool:
@@ -220,6 +234,9 @@ class Chain:
         self.recovered: tuple[Callable[..., None], ...] = self._hooks("on_recovered")
         self.step_in_doubt: tuple[Callable[..., None], ...] = self._hooks("on_step_in_doubt")
         self.start: tuple[Callable[..., None], ...] = self._hooks("on_start")
+        self.loop_failed: tuple[Callable[..., None], ...] = self._hooks("on_loop_failed")
+        self.loop_recovered: tuple[Callable[..., None], ...] = self._hooks(
+            "on_loop_recovered")
 
     def _hooks(self, name: str) -> tuple[Callable[..., Any], ...]:
         return tuple(getattr(i, name) for i in self.interceptors if _overrides(i, name))
@@ -297,7 +314,8 @@ class Counters(Interceptor):
 
     ``claims`` (statements), ``claimed`` (runs), ``attempts`` (by outcome), ``tries`` (step
     tries started), ``requests`` (sent through ``ctx.http``), ``writes`` (fenced writes),
-    ``renewals`` (statements), ``leases_lost``, ``recovered``, ``in_doubt``.
+    ``renewals`` (statements), ``leases_lost``, ``recovered``, ``in_doubt``,
+    ``loop_failures`` (failed tries, by loop).
     """
 
     def __init__(self) -> None:
@@ -311,6 +329,7 @@ class Counters(Interceptor):
         self.leases_lost = 0
         self.recovered = 0
         self.in_doubt = 0
+        self.loop_failures: dict[str, int] = {}
 
     @property
     def attempts_ended(self) -> int:
@@ -363,3 +382,6 @@ class Counters(Interceptor):
 
     def on_step_in_doubt(self, info: StepInfo) -> None:
         self.in_doubt += 1
+
+    def on_loop_failed(self, loop: str, error: str) -> None:
+        self.loop_failures[loop] = self.loop_failures.get(loop, 0) + 1

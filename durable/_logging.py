@@ -273,14 +273,16 @@ class Repeats:
             self._shown.clear()
         self._shown[text], self._said = now, self.failures
 
-    def succeeded(self, **fields: Any) -> None:
-        """A success: ends a streak of failures with one line (nothing if none)."""
+    def succeeded(self, **fields: Any) -> tuple[int, float] | None:
+        """A success: ends a streak of failures with one line, and returns its failures
+        and seconds (None, and no line, if there were none)."""
         if not self.failures:
-            return
+            return None
+        failures, seconds = self.failures, self._clock() - self.since
         self._log._log(logging.INFO, self.recovered, {
-            **fields, "failures": self.failures,
-            "failing_for": round(self._clock() - self.since, 1)}, self._depth)
+            **fields, "failures": failures, "failing_for": round(seconds, 1)}, self._depth)
         self.failures = 0
+        return failures, seconds
 
 
 # standard LogRecord attributes: everything else on a record came from ``extra``

@@ -20,7 +20,7 @@ from . import _clock, _gc, _liveness, _wake
 from ._attempt import Attempt
 from ._claims import WRITE_TIMEOUT, PendingClaim
 from ._errors import ConfigError, DurableError, NotSentError, StoreError
-from ._interceptors import Chain, ClaimInfo, Interceptor, RenewInfo, around, tell
+from ._interceptors import LOOPS, Chain, ClaimInfo, Interceptor, RenewInfo, around, tell
 from ._logging import Repeats, get_logger
 from ._pool import MIN_HTTP_CONNECTIONS, WorkerTransport
 from ._registry import Registry, Workflow, default_registry
@@ -411,15 +411,20 @@ class Worker:
         minute (:class:`~durable._logging.Repeats`)."""
         repeats = self._failing.get(event)
         if repeats is None:
+            assert event.removesuffix("_failed") in LOOPS, event  # told by that name
             repeats = self._failing[event] = Repeats(self.log, event, level=level,
                                                      clock=anyio.current_time, frames=1)
         repeats.failed(exc, **fields)
+        if self._chain is not None and self._chain.loop_failed:
+            tell(self._chain.loop_failed, event.removesuffix("_failed"), str(exc))
 
     def _succeeded(self, event: str) -> None:
         """A loop's success: the end of its failures ``event`` is logged, if it failed."""
         repeats = self._failing.get(event)
         if repeats is not None and repeats.failures:
-            repeats.succeeded()
+            ended = repeats.succeeded()
+            if ended is not None and self._chain is not None and self._chain.loop_recovered:
+                tell(self._chain.loop_recovered, event.removesuffix("_failed"), *ended)
 
     async def _next_due(self, workflows: list[str]) -> float | None:
         """When the earliest queued run of this worker's workflows that is not due yet

@@ -3,6 +3,7 @@ the hooks you need, pass ``Worker(..., interceptors=[...])`` (and ``Client(...,
 interceptors=[...])`` for ``on_start``)."""
 
 from ._interceptors import ATTEMPT_OUTCOMES as ATTEMPT_OUTCOMES
+from ._interceptors import LOOPS as LOOPS
 from ._interceptors import AttemptInfo as AttemptInfo
 from ._interceptors import ClaimInfo as ClaimInfo
 from ._interceptors import Counters as Counters
@@ -15,6 +16,7 @@ from ._interceptors import WriteInfo as WriteInfo
 
 __all__ = [
     "ATTEMPT_OUTCOMES",
+    "LOOPS",
     "AttemptInfo",
     "ClaimInfo",
     "Counters",

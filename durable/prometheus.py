@@ -142,7 +142,20 @@ class MetricsInterceptor(Interceptor):
         self.queue_age = Gauge(
             "durable_queue_age_seconds", "How long the longest-waiting due queued run has "
             "been due, per workflow (0: none)", ["workflow"], registry=r)
+        self.loop_failures = Counter(
+            "durable_loop_failures", "Failed tries of a worker loop (claim, renew, listen, "
+            "sweep, schedule, ...): the store unreachable, say", ["loop"], registry=r)
+        self.loop_failing = Gauge(
+            "durable_loop_failing", "1 while a worker loop's tries fail (from its first "
+            "failure to its next success), else 0", ["loop"], registry=r)
         self._queued: set[str] = set()
+
+    def on_loop_failed(self, loop: str, error: str) -> None:
+        self.loop_failures.labels(loop).inc()
+        self.loop_failing.labels(loop).set(1)
+
+    def on_loop_recovered(self, loop: str, failures: int, seconds: float) -> None:
+        self.loop_failing.labels(loop).set(0)
 
     # -- client ------------------------------------------------------------------------------
     def on_start(self, info: StartInfo) -> None:

@@ -176,8 +176,16 @@ async def test_postgres_a_lasting_outage_is_logged_as_it_begins_and_as_it_ends(
     (each after the pool's 0.3 s), and its claim loop says so once; when the server is
     back, one ``claim_recovered`` with the count, and the worker runs runs again. Every
     other loop that failed (the sweep, the schedules) logs the same way: one line as its
-    failures begin, one as they end."""
+    failures begin, one as they end. The interceptors are told of every failed try, so
+    the metrics count them all and show the loop failing while it fails."""
+    from durable.prometheus import MetricsInterceptor
     from durable.store._postgres import PostgresStore
+
+    metrics, counters = MetricsInterceptor(), durable.Counters()
+
+    def sample(name: str, loop: str = "claim") -> float | None:
+        value: float | None = metrics.registry.get_sample_value(name, {"loop": loop})
+        return value
 
     flows(registry)
     async with losing_proxy(pg_url.partition("?")[0]) as proxy:
@@ -205,11 +213,14 @@ async def test_postgres_a_lasting_outage_is_logged_as_it_begins_and_as_it_ends(
         logging.getLogger("durable.worker").addHandler(named)
         try:
             worker = durable.Worker(store, registry=registry, poll_interval=0.01,
-                                    sweep_interval=0.05, schedule_interval=0.05)
+                                    sweep_interval=0.05, schedule_interval=0.05,
+                                    interceptors=[metrics, counters])
             async with anyio.create_task_group() as tg:
                 await tg.start(worker.run)
+                assert sample("durable_loop_failing") is None  # no failure yet
                 proxy.down()
                 await poll(lambda: failed >= 8, timeout=BOUND)
+                assert sample("durable_loop_failing") == 1
                 proxy.up()
                 ended = await poll(lambda: [e for e in captured
                                             if e["event"] == "claim_recovered"], timeout=BOUND)
@@ -239,6 +250,12 @@ async def test_postgres_a_lasting_outage_is_logged_as_it_begins_and_as_it_ends(
         if event != "claim_read_back_failed":  # a claim's aftermath, not a loop
             assert recovered[event.removesuffix("_failed") + "_recovered"] == 1, (
                 event, recovered)
+    # every failed try told, logged or not; the loop no longer failing
+    assert counters.loop_failures["claim"] == failed == sample("durable_loop_failures_total")
+    assert sample("durable_loop_failing") == 0
+    for loop, count in counters.loop_failures.items():
+        assert recovered[f"{loop}_recovered"] == 1 and sample("durable_loop_failing", loop) == 0
+        assert sample("durable_loop_failures_total", loop) == count >= 1, loop
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
