@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import logging
 import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -20,10 +21,11 @@ from ._errors import (
     RunConflictError,
     RunNotFoundError,
     RunPrunedError,
+    StoreUnavailableError,
 )
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
-from ._logging import get_logger
+from ._logging import Repeats, get_logger
 from ._registry import BoundWorkflow, Registry, Workflow, default_registry
 from ._report import RecoveryReport
 from ._resend import answered
@@ -69,6 +71,10 @@ class Client:
         with the run for the worker's interceptors, e.g. a trace context)."""
         self._chain = Chain.of(self.interceptors)
         self.log = get_logger("durable.client")
+        self._wait_reads = Repeats(self.log, "wait_read_failed", level=logging.WARNING,
+                                   clock=anyio.current_time)
+        """The reads of :meth:`wait` that found the store unreachable (every wait of this
+        client): logged as they begin, once a minute while they last, and as they end."""
 
     @classmethod
     @asynccontextmanager
@@ -323,6 +329,12 @@ class Client:
         ``data_version`` every few milliseconds, no write; PostgreSQL: NOTIFY). ``poll`` is
         only the fallback: the run is read again at least that often, so a lost signal
         delays the answer and never hangs it (docs/design.md, "Nothing waits for a poll").
+
+        A read that finds the store unreachable (:class:`StoreUnavailableError`: a server
+        restarting, a network blip) does not end the wait: the run is read again, after
+        ``poll`` at most, until ``timeout``. A wait whose last read failed when its timeout
+        came raises that :class:`StoreUnavailableError` (the run may have finished: it
+        cannot tell), not :class:`TimeoutError` (the run was seen unfinished).
         """
         check_seconds(poll, "poll")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
@@ -332,8 +344,10 @@ class Client:
         began = signals.handed
         signals.waiting(run_id, +1)
         read: Run | None = None
+        failed: StoreUnavailableError | None = None  # the last read, if it failed
+        failures = 0
         try:
-            with anyio.fail_after(timeout):
+            with anyio.move_on_after(timeout) as bound:
                 while True:
                     seen = signals.ends.get(run_id, 0)  # before the read: no end is missed
                     since = self.store.change_token() if self.store.pushes_changes else None
@@ -343,7 +357,16 @@ class Client:
                     told = None if read is None else signals.told_finished(run_id, read)
                     if told is not None:  # as the signal of its end carried it
                         return told
-                    read = run = await self.get(run_id)
+                    try:
+                        read = run = await self.get(run_id)
+                    except StoreUnavailableError as exc:
+                        failed, failures = exc, failures + 1
+                        self._wait_reads.failed(exc, workflow_id=run_id)
+                        await anyio.sleep(min(poll, 0.01 * 2 ** min(failures, 10)))
+                        continue
+                    failed = None
+                    if self._wait_reads.failures:
+                        self._wait_reads.succeeded(workflow_id=run_id)
                     if run.state.finished:
                         return run
                     async with anyio.create_task_group() as either:
@@ -356,6 +379,13 @@ class Client:
                         either.cancel_scope.cancel()
         finally:
             signals.waiting(run_id, -1)
+        assert bound.cancelled_caught
+        if failed is not None:
+            raise StoreUnavailableError(
+                f"run {run_id}: cannot tell whether it finished: the store could not be read "
+                f"at the wait's timeout ({timeout:g} s; {failures} reads failed in a row): "
+                f"{failed}") from failed
+        raise TimeoutError(f"run {run_id} did not finish within {timeout:g} s")
 
     # -- operator actions ----------------------------------------------------------------------
     async def cancel(self, run_id: str, *, origin: Mapping[str, JSON] | None = None) -> Run:

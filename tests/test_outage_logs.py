@@ -29,10 +29,15 @@ from .conftest import ROOT, subprocess_env
 from .helpers import poll, stopped_by_sigterm
 from .pg import pg_url, postgres_server
 from .pgproxy import losing_proxy
+from .test_wake import opened, worker_on
 
 __all__ = ["pg_url", "postgres_server"]  # fixtures
 
 BOUND = 30.0
+
+pg_only = pytest.mark.parametrize(
+    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
+        reason="the PostgreSQL store runs on asyncio only"))])
 
 
 class Clock:
@@ -167,8 +172,7 @@ def flows(registry: durable.Registry) -> None:
         return "done"
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
-    reason="the PostgreSQL store runs on asyncio only"))])
+@pg_only
 @pytest.mark.anyio
 async def test_postgres_a_lasting_outage_is_logged_as_it_begins_and_as_it_ends(
         pg_url: str, registry: durable.Registry, captured: list[dict[str, Any]]) -> None:
@@ -258,8 +262,7 @@ async def test_postgres_a_lasting_outage_is_logged_as_it_begins_and_as_it_ends(
         assert sample("durable_loop_failures_total", loop) == count >= 1, loop
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
-    reason="the PostgreSQL store runs on asyncio only"))])
+@pg_only
 @pytest.mark.anyio
 async def test_postgres_the_cli_worker_s_stderr_stays_json_lines_through_an_outage(
         pg_url: str, tmp_path: Path) -> None:
@@ -296,3 +299,126 @@ async def test_postgres_the_cli_worker_s_stderr_stays_json_lines_through_an_outa
     assert lines[-1]["event"] == "worker_stopped"
     [created] = [line for line in lines if line["event"] == "database_created"]  # a JSON
     assert created["level"] == "warning" and "schema" in created["at"]  # line, like the rest
+
+
+class FailedReads:
+    """Counts the reads of a run (``get_run``) through a store object that raised."""
+
+    def __init__(self, store: Any) -> None:
+        self.count = 0
+        real = store.get_run
+
+        async def counted(run_id: str) -> durable.Run | None:
+            try:
+                return await real(run_id)
+            except StoreError:
+                self.count += 1
+                raise
+
+        store.get_run = counted
+
+
+@pg_only
+@pytest.mark.anyio
+async def test_postgres_a_wait_goes_on_through_an_outage(
+        pg_url: str, registry: durable.Registry, captured: list[dict[str, Any]]) -> None:
+    """A client behind a proxy taken down while it waits for a run (its worker reaches the
+    server directly, and finishes the run during the outage): the wait reads again until
+    the server is back and returns the finished run, instead of raising at its first
+    failed read; the client logs the failed reads once and their end once."""
+    from durable.store._postgres import PostgresStore
+
+    entered, gate = anyio.Event(), anyio.Event()
+
+    @durable.activity(registry=registry)
+    async def held(ctx: durable.ActivityContext) -> str:
+        entered.set()
+        await gate.wait()
+        return "through"
+
+    @durable.workflow("outage.held", registry=registry)
+    async def through(ctx: durable.WorkflowContext) -> str:
+        return await held(ctx)
+
+    result: durable.Run | None = None
+    async with opened(pg_url) as direct, losing_proxy(pg_url.partition("?")[0]) as proxy:
+        far = PostgresStore(proxy.url(pg_url), pool_timeout=0.3)
+        await far.open()
+        try:
+            failed = FailedReads(far)
+            client = durable.Client(far, registry=registry)
+            async with worker_on(direct, registry), anyio.create_task_group() as tg:
+                await client.start("outage.held", id="held")
+                with anyio.fail_after(BOUND):
+                    await entered.wait()
+
+                async def waiting() -> None:
+                    nonlocal result
+                    result = await client.wait("held", timeout=BOUND, poll=0.05)
+
+                tg.start_soon(waiting)
+                proxy.down()
+                await poll(lambda: failed.count >= 3, timeout=BOUND)
+                gate.set()  # the run finishes while the client cannot read it
+                await poll(async_finished(direct, "held"), timeout=BOUND)
+                proxy.up()
+                await poll(lambda: result is not None, timeout=BOUND)
+        finally:
+            await far.aclose()
+    assert result is not None and (result.state, result.result) == (
+        durable.RunState.COMPLETED, "through")
+    errors = [e["error"] for e in captured if e["event"] == "wait_read_failed"]
+    assert errors and len(errors) == len(set(errors)) <= 2, errors  # each text once
+    [ended] = [e for e in captured if e["event"] == "wait_read_recovered"]
+    assert ended["failures"] == failed.count >= 3 and ended["workflow_id"] == "held"
+
+
+def async_finished(store: Any, run_id: str) -> Any:
+    async def finished() -> bool:
+        run = await store.get_run(run_id)
+        return run is not None and run.state.finished
+    return finished
+
+
+@pg_only
+@pytest.mark.anyio
+async def test_postgres_a_wait_that_times_out_unable_to_read_cannot_tell(
+        pg_url: str, registry: durable.Registry) -> None:
+    """The store unreachable until the wait's timeout: the wait raises the store's error,
+    saying it cannot tell whether the run finished, not TimeoutError (which says the run
+    was seen unfinished); with the store reachable, a run that does not finish is still a
+    TimeoutError."""
+    from durable.store._postgres import PostgresStore
+
+    flows(registry)
+    async with losing_proxy(pg_url.partition("?")[0]) as proxy:
+        far = PostgresStore(proxy.url(pg_url), pool_timeout=0.3)
+        await far.open()
+        try:
+            failed = FailedReads(far)
+            client = durable.Client(far, registry=registry)
+            await client.start("outage.noop", id="unread")  # no worker: it stays queued
+            with pytest.raises(TimeoutError, match=r"did not finish within 0\.3 s"):
+                await client.wait("unread", timeout=0.3, poll=0.05)
+            proxy.down()
+            with pytest.raises(durable.StoreUnavailableError,
+                               match="cannot tell whether it finished") as raised:
+                await client.wait("unread", timeout=2.0, poll=0.05)
+            assert f"{failed.count} reads failed in a row" in str(raised.value)
+            assert failed.count >= 2
+            # reads that failed, then the store back before the timeout: the run was seen
+            # unfinished, so TimeoutError (psycopg's pool reconnects within a few seconds)
+            before, ended = failed.count, []
+
+            async def waiting() -> None:
+                with pytest.raises(TimeoutError) as timed_out:
+                    await client.wait("unread", timeout=12.0, poll=0.05)
+                ended.append(timed_out.value)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiting)
+                await poll(lambda: failed.count >= before + 2, timeout=BOUND)
+                proxy.up()
+            assert ended
+        finally:
+            await far.aclose()
