@@ -765,7 +765,9 @@ def build_parser() -> _Parser:
                         "redrawn in place, piped a line per change), until the run ends. Exits "
                         "0 once the run has ended, whatever its state (following worked; the "
                         "final line says how the run ended, and show ID --json tells a script), "
-                        "130 on Ctrl-C, which stops following, not the run")
+                        "130 on Ctrl-C, which stops following, not the run. A store that "
+                        "cannot be read (a server restarting) is read again until it "
+                        "answers; a line says so, and one more when it answers")
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("cancel", help="cancel a queued, delayed or running run",

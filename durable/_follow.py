@@ -8,6 +8,10 @@ doubt); run events (claimed, recovered, cancel requested, ...) as they happen. W
 has ended it prints the final state line (and what to do next if it failed, was cancelled or
 left steps in doubt) and returns.
 
+A read that finds the store unreachable (a server restarting, a network blip) does not end
+the follow: one line says so, the reads go on every :data:`POLL` seconds, and one line says
+when the store answers again (Ctrl-C stops following, as always; the run goes on).
+
 A run that declared its items (``ctx.items``) also shows its progress: on a terminal one
 line at the bottom, redrawn in place with a carriage return; piped, a plain line each time
 the counts change (no carriage return, no colour unless asked for).
@@ -22,7 +26,9 @@ from typing import IO, Any
 import anyio
 
 from ._client import Client
+from ._errors import StoreUnavailableError
 from ._history import History
+from ._logging import redact
 from ._progress import Progress, progress_of
 from ._report import (
     RecoveryReport,
@@ -160,13 +166,27 @@ class Follower:
         run = await self.client.get(self.run_id)
         self._add(await self.client.store.journal(self.run_id))
         self._start(run)
+        unreachable: float | None = None  # since when the reads fail
         try:
             while not run.state.finished:
                 await anyio.sleep(self.poll)
-                before = run
-                run = await self.client.get(self.run_id)  # first the run, then its journal:
-                new = await self.client.store.journal(self.run_id, after=self.history.last_seq)
-                self._add(new)  # an ended run's journal is then read to its end
+                try:
+                    now = await self.client.get(self.run_id)  # first the run, then its
+                    new = await self.client.store.journal(  # journal: an ended run's
+                        self.run_id, after=self.history.last_seq)  # is read to its end
+                except StoreUnavailableError as exc:
+                    if unreachable is None:
+                        unreachable = anyio.current_time()
+                        self._note(f"-- the store cannot be read: {redact(str(exc))}; "
+                                   f"reading again every {self.poll:g} s (Ctrl-C stops "
+                                   f"following; the run goes on)")
+                    continue
+                if unreachable is not None:
+                    self._note(f"-- the store answers again (unreadable for "
+                               f"{anyio.current_time() - unreachable:.1f} s)")
+                    unreachable = None
+                before, run = run, now
+                self._add(new)
                 if new or _phase(run) != _phase(before):
                     self._update(run)
         except BaseException:  # an error's line, or the shell's prompt, below the bar
@@ -183,6 +203,15 @@ class Follower:
                 self._write("\n")
 
     # -- internals -----------------------------------------------------------------------------
+    def _note(self, text: str) -> None:
+        """A line of the follower's own, between the timeline's (above a progress bar)."""
+        view = self.view
+        assert view is not None
+        view.lines.append(text)
+        self._flush_lines()
+        if self.tty and self.progress is not None:  # the bar, drawn again below it
+            self._draw(bar_line(self.progress, self.width, self.color))
+
     def _add(self, entries: list[JournalEntry]) -> None:
         for entry in entries:
             self.history.apply(entry)

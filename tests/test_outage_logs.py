@@ -422,3 +422,39 @@ async def test_postgres_a_wait_that_times_out_unable_to_read_cannot_tell(
             assert ended
         finally:
             await far.aclose()
+
+
+@pg_only
+@pytest.mark.anyio
+async def test_postgres_show_follow_goes_on_through_an_outage(
+        pg_url: str, registry: durable.Registry) -> None:
+    """``show ID --follow`` reading through a proxy taken down while the run goes on (its
+    worker reaches the server directly and finishes it meanwhile): one line says the store
+    cannot be read, one that it answers again, and the follow prints the run's end and
+    exits 0, where it used to exit 1 at its first failed read."""
+    from .test_cli_follow import _gated, _row, following
+
+    gates = _gated(registry)
+    async with opened(pg_url) as direct, losing_proxy(pg_url.partition("?")[0]) as proxy:
+        client = durable.Client(direct, registry=registry)
+        async with worker_on(direct, registry):
+            await client.start("follow.steps", ["a"], id="fo")
+            async with following(proxy.url(pg_url), "fo") as (proc, out, err):
+                at = await out.until(lambda t: _row(t, 1, "started"))
+                proxy.down()
+                at = await out.until("the store cannot be read", after=at)
+                gates["a"].set()
+                await poll(async_finished(direct, "fo"), timeout=BOUND)
+                proxy.up()
+                with anyio.fail_after(BOUND):  # the pool connects again within seconds
+                    assert await proc.wait() == 0, err.text
+                await out.until("run fo completed", after=at)
+    text = out.text
+    assert text.count("-- the store cannot be read: ") == 1, text
+    assert "PostgreSQL" in text and "reading again every 0.5 s" in text
+    assert text.count("-- the store answers again (unreadable for ") == 1, text
+    assert text.index("cannot be read") < text.index("answers again") < text.index(
+        "run fo completed")
+    assert _row(text, 1, "completed")
+    # stderr: psycopg's pool warnings, in the command line's format, each once
+    assert all("driver_message" in line for line in err.text.splitlines()), err.text
