@@ -27,7 +27,12 @@ checks, from the services' ledger and the journal:
 - a frozen-then-continued worker sent nothing for an attempt whose lease ran out;
 - no TTS item was billed twice, and no notification sent twice;
 - every operator cancel was honoured: the run ended cancelled (or was finishing anyway),
-  and no step started after the cancel could be seen.
+  and no step started after the cancel could be seen;
+- no worker logged an engine error: a crashed attempt, a failed interceptor, or a traceback
+  that escaped the worker's handlers.
+
+On SQLite the fleet mixes event loops by default (``--loops mixed``: every second worker
+started runs on trio); PostgreSQL's store needs asyncio.
 
 Prints its seed first (``--seed`` replays the same schedule; process timing still varies),
 what it applied (kills, freezes, shutdowns, faults, cancels, replays), and a table of the
@@ -135,11 +140,17 @@ class Torture:
     stuck: dict[str, float] = field(default_factory=dict)
     proxy: LosingProxy | None = None
     """PostgreSQL: the workers reach the server through it (``pg_lose``)."""
+    loops: str = "asyncio"
+    """The workers' event loop: ``asyncio``, ``trio``, or ``mixed`` (every second worker
+    started runs on trio, so one fleet has both)."""
     disk: Path | None = None
     """``--disk-full``: the tmpfs that holds the database (PostgreSQL: its tablespace),
     filled now and then."""
     full_until: float | None = None
     """While the disk is full: when the filler goes (monotonic)."""
+    lockouts: list[str] = field(default_factory=list)
+    """SQLite: this script's writes that waited out the busy timeout, with who held the
+    database's locks then."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -150,18 +161,21 @@ class Torture:
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         n = len(self.procs)
+        loop = self.loops if self.loops != "mixed" else ("asyncio", "trio")[n % 2]
         log = (self.tmp / f"worker-{n}.log").open("ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "durable.worker", "--db",
              self.db_url if self.proxy is None else self.proxy.url(self.db_url),
              "--import", "workflows", "--lease", str(self.lease), "--poll", "0.05",
-             "--grace", str(GRACE), "--concurrency", "8", "--log-level", "warning"],
+             "--grace", str(GRACE), "--concurrency", "8", "--log-level", "warning",
+             "--backend", loop],
             cwd=ROOT, env=self.env(), start_new_session=True, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
         self.live.append(proc)
         self.counts["worker starts"] += 1
+        self.counts[f"worker starts on {loop}"] += 1
         return proc
 
     def frozen_pids(self) -> set[int]:
@@ -348,6 +362,12 @@ class Torture:
         except durable.DurableError:
             self.counts["cancels refused (already finished)"] += 1
 
+    async def tender(self) -> None:
+        """``tend`` every 50 ms during the chaos, beside the scheduler's actions."""
+        while True:
+            self.tend()
+            await anyio.sleep(0.05)
+
     def tend(self) -> None:
         """Continue frozen workers when their time is up; wake hung requests."""
         now = time.time()
@@ -383,6 +403,34 @@ class Torture:
             (self.disk / FILLER).unlink(missing_ok=True)
         self.full_until = None
 
+    def lock_report(self, error: str) -> str:
+        """Who holds the SQLite database's locks now (``/proc/locks``), each holder named
+        (a worker, this script) with its state (``T``: stopped); with ``py-spy`` on PATH,
+        the stacks of holders that are not stopped are dumped beside the workers' logs
+        (``lockout-<pid>.txt``, kept by ``--logs``)."""
+        db = sqlite_file(self.tmp, self.disk)
+        # readers do not hold a writer up in WAL mode: name the write, checkpoint and
+        # recovery locks, and any exclusive lock on the file
+        holders = [(pid, what) for pid, what in sqlite_lock_holders(db)
+                   if not what.startswith("read") and "(read)" not in what]
+        names = {p.pid: f"worker-{i}" for i, p in enumerate(self.procs)}
+        names[os.getpid()] = "this script"
+        parts = []
+        dumped = set()
+        for pid, what in holders:
+            state = process_state(pid)
+            parts.append(f"{names.get(pid, 'pid')} {pid} ({state}) holds {what}")
+            # a stopped process (T: frozen by this script) cannot be dumped, nor need be
+            if pid not in dumped and pid != os.getpid() and state != "T" and shutil.which(
+                    "py-spy"):
+                dumped.add(pid)
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)],
+                                          capture_output=True, text=True, timeout=30)
+                    (self.tmp / f"lockout-{pid}.txt").write_text(dump.stdout
+                                                                        + dump.stderr)
+        return f"{error}: " + ("; ".join(parts) or "no writer holds a lock any more")
+
     async def watch_stuck(self, store: Any) -> None:
         """Note runs running past their lease (plus a sweep's slack) while workers are alive."""
         now = time.time()
@@ -410,17 +458,25 @@ class Torture:
             await store.open()
             try:
                 actions = dict(ACTIONS, disk_full=1) if self.disk is not None else ACTIONS
-                while time.monotonic() < chaos_end:
-                    self.tend()
-                    action = self.rng.choices(list(actions), list(actions.values()))[0]
-                    try:
-                        await self.act(client, action)
-                    except durable.StoreError:
-                        if self.full_until is None:
-                            raise
-                        # this script's own write (a start, cancel, replay) on the full disk
-                        self.counts["scheduler writes refused by the full disk"] += 1
-                    await anyio.sleep(self.rng.uniform(0.2, 0.6))
+                async with anyio.create_task_group() as chaos:
+                    # frozen workers are continued on time, whatever an action waits for: a
+                    # worker frozen inside a SQLite write transaction holds the write lock,
+                    # and an action's write waits for it (30 s, then fails) until then
+                    chaos.start_soon(self.tender)
+                    while time.monotonic() < chaos_end:
+                        action = self.rng.choices(list(actions), list(actions.values()))[0]
+                        try:
+                            await self.act(client, action)
+                        except durable.StoreError as exc:
+                            if self.backend == "sqlite" and "database is locked" in str(exc):
+                                # this script's own write waited out the busy timeout
+                                self.lockouts.append(self.lock_report(str(exc)))
+                            elif self.full_until is None:
+                                raise
+                            else:  # its own write (a start, cancel, replay) on the full disk
+                                self.counts["scheduler writes refused by the full disk"] += 1
+                        await anyio.sleep(self.rng.uniform(0.2, 0.6))
+                    chaos.cancel_scope.cancel()
                 self.calm()
                 while len(self.started) < len(self.plan):
                     await self.start_next(client)
@@ -473,10 +529,14 @@ class Torture:
             check_billing(ledger),
             check_notifications(notes, journals),
             check_cancels(journals, runs, max(2.5, self.lease)),
+            check_worker_logs(sorted(self.tmp.glob("worker-*.log"))),
         ]
+        if self.backend == "sqlite":
+            checks.append(("no write of this script locked out (30 s)", not self.lockouts,
+                           "; ".join(self.lockouts)[:600] or "none"))
         return {"seed": self.seed, "backend": self.backend, "budget": self.budget,
-                "workers": self.workers, "runs": len(self.plan), "lease": self.lease,
-                "disk_full": self.disk is not None,
+                "workers": self.workers, "loops": self.loops, "runs": len(self.plan),
+                "lease": self.lease, "disk_full": self.disk is not None,
                 "freezes": [{"pid": f.pid, "stopped_at": f.stopped_at,
                              "continued_at": f.continued_at} for f in self.freezes],
                 "states": dict(Counter(r.state.value for r in runs.values())),
@@ -655,6 +715,27 @@ def check_notifications(notes: list[dict[str, Any]], journals: dict[str, list[An
     return ("no notification sent twice", not bad, "; ".join(bad) or f"{len(notes)} sent")
 
 
+ENGINE_ERRORS = ("attempt_crashed", "interceptor_failed", "Traceback (most recent call last)")
+"""What a worker's log holds only when the engine itself went wrong: an attempt that ended on
+an error the engine did not expect, a hook that raised, or a traceback that escaped the
+worker's handlers. Faults the torture makes (a full disk, lost connections, kills) are
+logged as other events."""
+
+
+def check_worker_logs(logs: list[Path]) -> Check:
+    bad = []
+    for log in logs:
+        lines = log.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if any(marker in line for marker in ENGINE_ERRORS) and not (
+                    line.startswith("Traceback") and i and any(
+                        marker in lines[i - 1] for marker in ENGINE_ERRORS[:2])):
+                bad.append(f"{log.name}:{i + 1}: " + " | ".join(lines[i:i + 3])[:400])
+    return ("no engine error in the workers' logs", not bad,
+            "; ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+            if bad else f"{len(logs)} logs")
+
+
 def check_cancels(journals: dict[str, list[Any]], runs: dict[str, Any], bound: float) -> Check:
     bad, honoured = [], 0
     for run_id, entries in journals.items():
@@ -687,7 +768,8 @@ def check_cancels(journals: dict[str, list[Any]], runs: dict[str, Any], bound: f
 # -- output ------------------------------------------------------------------------------------
 def table(report: dict[str, Any]) -> str:
     lines = [f"seed {report['seed']}  backend {report['backend']}  budget {report['budget']}s  "
-             f"workers {report['workers']}  runs {report['runs']}  lease {report['lease']}s",
+             f"workers {report['workers']} ({report['loops']})  runs {report['runs']}  "
+             f"lease {report['lease']}s",
              "applied: " + ", ".join(f"{k} {v}" for k, v in report["applied"].items()),
              "runs: " + ", ".join(f"{k} {v}" for k, v in sorted(report["states"].items()))
              + f"; {report['requests']} requests in the services' ledger", ""]
@@ -714,6 +796,40 @@ def drop_schema(schema: str) -> None:
 
     with psycopg.connect(PG_SERVER, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
+
+
+SHM_LOCKS = {120: "the write lock", 121: "the checkpoint lock", 122: "the recovery lock"}
+"""Byte offsets of SQLite's WAL-index (-shm) locks; 123-127 are the read marks."""
+
+
+def sqlite_lock_holders(db: Path) -> list[tuple[int, str]]:
+    """``(pid, what)`` for every POSIX lock held on ``db`` or its ``-shm`` file."""
+    files = {}
+    for path, label in ((db, "the database file"), (Path(f"{db}-shm"), "-shm")):
+        with contextlib.suppress(OSError):
+            files[os.stat(path).st_ino] = label
+    held = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if len(fields) < 8 or fields[1] != "POSIX":
+                continue
+            inode = int(fields[5].rsplit(":", 1)[1])
+            if inode not in files:
+                continue
+            start, mode, pid = int(fields[6]), fields[3].lower(), int(fields[4])
+            what = (f"{SHM_LOCKS.get(start, f'read mark {start - 123}')} ({mode})"
+                    if files[inode] == "-shm" else f"{mode} lock at byte {start}")
+            held.append((pid, f"{what} on {files[inode]}" if files[inode] != "-shm" else what))
+    return held
+
+
+def process_state(pid: int) -> str:
+    """``R``, ``S``, ``T`` (stopped), ... from ``/proc/<pid>/stat``; ``gone`` if it is."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 def sqlite_file(tmp: Path, disk: Path | None) -> Path:
@@ -770,6 +886,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite",
                         help="the store (default sqlite; postgres: 127.0.0.1:5432, db test)")
     parser.add_argument("--lease", type=float, default=2.0, metavar="SECONDS", help="default 2")
+    parser.add_argument("--loops", choices=["asyncio", "trio", "mixed"], default=None,
+                        help="the workers' event loop; mixed: every second worker started "
+                        "runs on trio (default: mixed on SQLite; PostgreSQL's store needs "
+                        "asyncio)")
     parser.add_argument("--disk-full", action="store_true",
                         help="the database on a tmpfs of its own (mounting it needs root; "
                         "PostgreSQL: its tables, on a tablespace there), filled to the last "
@@ -777,6 +897,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", type=Path, default=None, metavar="FILE",
                         help="SQLite: keep a copy of the database in FILE, to read it after "
                         "(python -m durable show ID --db sqlite:///FILE)")
+    parser.add_argument("--logs", type=Path, default=None, metavar="DIR",
+                        help="keep the workers' logs (worker-N.log) in DIR, also when the run "
+                        "ends on an error")
     parser.add_argument("--report", type=Path, default=None, metavar="FILE",
                         help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
@@ -785,6 +908,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if not low <= value <= high:
             parser.error(f"--{name} must be between {low} and {high}, not {value}")
+    if args.loops is None:
+        args.loops = "mixed" if args.backend == "sqlite" else "asyncio"
+    elif args.backend == "postgres" and args.loops != "asyncio":
+        parser.error(f"--loops {args.loops}: the PostgreSQL store needs asyncio")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**32)
     return args
@@ -796,6 +923,9 @@ def main(argv: list[str] | None = None) -> int:
     # stderr, once per connection, which is the point of the exercise, not news
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     print(f"torture: seed {args.seed} (replay with --seed {args.seed})", flush=True)
+    # SIGTERM ends it as Ctrl-C does, through the finally that kills what it started (by
+    # default it ended at once, and left its workers running on a deleted database)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="durable-torture-") as tmp_name:
         tmp = Path(tmp_name)
         with contextlib.ExitStack() as stack:
@@ -804,11 +934,16 @@ def main(argv: list[str] | None = None) -> int:
             services = stack.enter_context(running_fake_services(tmp / "git"))
             db_url = stack.enter_context(database(args.backend, tmp, disk))
             torture = Torture(args.seed, args.budget, args.workers, args.runs, args.backend,
-                              args.lease, tmp, services, db_url, disk=disk)
+                              args.lease, tmp, services, db_url, loops=args.loops,
+                              disk=disk)
             try:
                 report = anyio.run(torture.run)
             finally:
                 torture.kill_all()
+                if args.logs is not None:
+                    args.logs.mkdir(parents=True, exist_ok=True)
+                    for log in [*tmp.glob("worker-*.log"), *tmp.glob("lockout-*.txt")]:
+                        shutil.copyfile(log, args.logs / log.name)
             if args.keep is not None and args.backend == "sqlite":
                 shutil.copyfile(sqlite_file(tmp, disk), args.keep)
     print(table(report))
@@ -818,4 +953,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, after the finally blocks killed it all
+        print("torture: stopped; every process it started was killed", file=sys.stderr)
+        sys.exit(130)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,9 @@ def test_a_small_torture_run_passes_every_check(backend: str, tmp_path: Path,
     # the run did torture: workers were killed or shut down, and services faulted
     assert applied.get("SIGKILL", 0) + applied.get("SIGTERM", 0) > 0, applied
     assert sum(v for k, v in applied.items() if k.startswith("fault ")) > 0, applied
+    if store == "sqlite":  # one fleet, both event loops
+        assert applied.get("worker starts on trio", 0) > 0, applied
+        assert applied.get("worker starts on asyncio", 0) > 0, applied
     if backend == "postgres":  # the workers went through the proxy that loses answers
         assert {"PostgreSQL answers lost", "PostgreSQL statements lost"} <= set(applied)
     if disk_full:  # the database's own tmpfs was filled, and unmounted afterwards
@@ -186,3 +191,98 @@ def test_the_cancel_check_fails_when_the_run_goes_on() -> None:
                        ("run_completed", 2, 15.0, None, None, {}))
     ok, detail = t.check_cancels({"a": went_on}, runs, 2.5)[1:]
     assert not ok and "ended run_completed 5.0s later" in detail
+
+
+def test_the_log_check_fails_on_a_crashed_attempt_or_an_escaped_traceback(
+        tmp_path: Path) -> None:
+    t = _checks()
+    quiet = tmp_path / "worker-0.log"
+    quiet.write_text("2026-12-05T00:42:50Z [warning  ] claim_failed  error='disk is full'\n")
+    assert t.check_worker_logs([quiet])[1:] == (True, "1 logs")
+    crashed = tmp_path / "worker-1.log"
+    crashed.write_text("2026-12-05T00:42:50Z [error    ] attempt_crashed  error=boom\n"
+                       "Traceback (most recent call last):\n"
+                       '  File "durable/_worker.py", line 636, in _execute\n'
+                       "RuntimeError: boom\n")
+    ok, detail = t.check_worker_logs([quiet, crashed])[1:]
+    assert not ok and detail.startswith("worker-1.log:1: ") and "attempt_crashed" in detail
+    assert "worker-1.log:2" not in detail  # the crash's own traceback is not a second error
+    escaped = tmp_path / "worker-2.log"
+    escaped.write_text("Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'k'\n")
+    ok, detail = t.check_worker_logs([escaped])[1:]
+    assert not ok and "worker-2.log:1: Traceback" in detail and "KeyError" in detail
+
+
+def test_the_lock_report_names_the_process_holding_sqlite_s_write_lock(tmp_path: Path) -> None:
+    """What a write locked out of the database is told: who holds the write lock, and that
+    it is stopped (a frozen worker inside a transaction holds it until continued)."""
+    t = _checks()
+    db = tmp_path / "torture.db"
+    with subprocess.Popen(
+            [sys.executable, "-c", "import sqlite3, sys\n"
+             f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+             "c.execute('PRAGMA journal_mode = WAL'); c.execute('CREATE TABLE t (x)')\n"
+             "c.execute('BEGIN IMMEDIATE'); c.execute('INSERT INTO t VALUES (1)')\n"
+             "print('held', flush=True); sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            assert (holder.pid, "the write lock (write)") in t.sqlite_lock_holders(db)
+            holder.send_signal(signal.SIGSTOP)
+            try:
+                assert t.process_state(holder.pid) == "T"
+            finally:
+                holder.send_signal(signal.SIGCONT)
+        finally:
+            holder.kill()
+            holder.wait()
+    assert t.sqlite_lock_holders(db) == []  # the kernel released them with the process
+    assert t.process_state(holder.pid) == "gone"
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _worker_children(pid: int) -> list[int]:
+    found = []
+    for kid in _children(pid):
+        try:
+            if b"durable.worker" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                found.append(kid)
+        except OSError:
+            continue
+    return found
+
+
+def test_sigterm_ends_the_run_and_everything_it_started() -> None:
+    """Stopped with SIGTERM (a CI timeout, ``kill``), it kills its workers and the fake
+    services as on Ctrl-C, instead of leaving them running on a deleted database."""
+    with subprocess.Popen([sys.executable, str(SCRIPT), "--seed", "7", "--budget", "60",
+                           "--workers", "2", "--runs", "4"], cwd=ROOT, env=subprocess_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            deadline = time.monotonic() + 60
+            while len(_worker_children(proc.pid)) < 2:  # bounded poll: the fleet is up
+                assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+                time.sleep(0.05)
+            started = _children(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == (
+        "torture: stopped; every process it started was killed"), err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    left = [p for p in started if alive(p)]
+    assert not left, f"left running: {left}"
