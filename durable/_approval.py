@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._errors import ConfigError, DurableError, InvalidStateError, SignalTimeout
-from ._types import JSON, EntryKind, JournalEntry, Run, Signal
+from ._types import JSON, EntryKind, JournalEntry, Run, RunState, Signal
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -232,3 +232,33 @@ def approval_view(run: Run, entries: Sequence[JournalEntry],
                         "approved" if decision.data["name"] == APPROVE else "rejected",
                         origin_text(origin), origin, decision.at, payload,
                         early=decision is before, digest=digest)
+
+
+def replay_keeps_a_closed_plan(run: Run, entries: Sequence[JournalEntry],
+                               from_step: int | None) -> str | None:
+    """Why a replay of ``run`` that keeps its latest plan could never act, or None.
+
+    A replay reuses what the journal holds, the plan and what became of it included. A plan
+    that was rejected stays rejected (:func:`send_decision` refuses to approve it, so the
+    replayed run would wait for ever), and a wait for its decision that timed out stays
+    timed out (the replayed run fails again at once). Only a replay from the plan step (or
+    earlier) plans again and asks anew; ``from_step`` later than it keeps the plan too.
+    """
+    gate = approval_view(run, entries)
+    if gate is None or (from_step is not None and from_step <= gate.plan_step):
+        return None
+    again = (f"replay it from the plan step to plan again and ask anew: durable replay "
+             f"{run.id} --from-step {gate.plan_step}")
+    if gate.decision == "rejected":
+        return (f"run {run.id}'s plan (step {gate.plan_step}) was rejected by {gate.by}; a "
+                "replay that keeps that plan would wait for an approval that can no longer "
+                f"be given; {again}")
+    if gate.decision == "waiting" and run.state is RunState.FAILED:
+        plans = [e.seq for e in entries
+                 if e.step_key == PLAN_KEY and e.kind is EntryKind.STEP_COMPLETED]
+        if any(e.kind is EntryKind.SIGNAL_TIMEOUT and e.data.get("name") == APPROVE
+               and e.seq > plans[-1] for e in entries):
+            return (f"run {run.id}'s plan (step {gate.plan_step}) got no decision within its "
+                    "timeout, and the journal keeps that timeout: a replay that keeps the "
+                    f"plan would fail again at once; {again}")
+    return None

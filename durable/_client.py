@@ -14,6 +14,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 import anyio
 
 from . import _wake
+from ._approval import replay_keeps_a_closed_plan
 from ._clock import Clock
 from ._errors import (
     ConfigError,
@@ -492,6 +493,11 @@ class Client:
         step without one. ``from_step=N`` runs step N and later again. ``in_doubt`` resolves
         steps whose outcome is unknown: ``"rerun"`` runs them again, ``"accept"`` counts them
         as done. Nothing is deleted: the journal keeps every earlier attempt.
+
+        A run whose plan was rejected, or whose wait for a decision on it timed out
+        (:func:`durable.approval_gate`), is refused (:class:`InvalidStateError`, nothing
+        written) unless ``from_step`` is its plan step or earlier: the journal keeps the
+        rejection or the timeout, so a replay that keeps the plan could never act.
         """
         if from_step is not None and (isinstance(from_step, bool)
                                       or not isinstance(from_step, int) or from_step < 1):
@@ -504,8 +510,12 @@ class Client:
             raise InvalidStateError(
                 f"run {run_id} is {run.state.value}; only failed or cancelled runs can be "
                 "replayed")
+        entries = await self.store.journal(run_id)
         if from_step is not None:  # refused before anything is written
-            check_step(run_id, await self.store.journal(run_id), from_step, "from_step")
+            check_step(run_id, entries, from_step, "from_step")
+        closed = replay_keeps_a_closed_plan(run, entries, from_step)
+        if closed is not None:  # it could never act: say how to ask anew
+            raise InvalidStateError(closed)
         queued = await self._answered(
             lambda: self.store.requeue(run_id, from_step, in_doubt, by=by),
             lambda: self._replay_again(run, from_step, in_doubt, by),

@@ -59,6 +59,21 @@ async def _waiting(ops: Ops, run_id: str) -> durable.Run:
     return run
 
 
+async def _planned(ops: Ops, run_id: str, plans: int) -> durable.Run:
+    """Until the run journaled its ``plans``-th plan and waits for ``approve`` on it."""
+    async def ready() -> durable.Run | None:
+        run = await ops.client.get(run_id)
+        entries = await ops.client.journal(run_id)
+        done = [e for e in entries if e.step_key == "plan"
+                and e.kind is durable.EntryKind.STEP_COMPLETED]
+        waits = [e for e in entries if e.kind is durable.EntryKind.WAIT_STARTED]
+        ok = (run.state is RunState.QUEUED and len(done) == plans and waits
+              and waits[-1].seq > done[-1].seq)
+        return run if ok else None
+    run: durable.Run = await poll(ready, timeout=20)
+    return run
+
+
 def _deletes(ops: Ops) -> list[str]:
     return [e["path"] for e in ops.services.ledger(method="DELETE")]
 
@@ -298,3 +313,71 @@ async def test_no_decision_within_the_approval_timeout_fails_the_run_deleting_no
     assert _deletes(ops) == []
     with pytest.raises(durable.InvalidStateError, match="is failed"):
         await send_decision(ops.client, "td-13", "approve", None, origin=ALICE)
+
+
+async def test_a_rejected_plan_is_replayed_only_from_its_plan_step_and_asked_anew(
+        ops: Ops) -> None:
+    """A replay keeps what the journal holds, the rejection too: one that kept the plan
+    waited for ever for an approve that ``send_decision`` refuses ("already rejected")."""
+    await ops.slot("slot-14")
+    await ops.client.start("slot.teardown", "slot-14", GATED, id="td-14", key="slot-14")
+    async with running_worker(ops.client, durable.default_registry):
+        await _waiting(ops, "td-14")
+        await send_decision(ops.client, "td-14", "reject", {"reason": "not yet"}, origin=ALICE)
+        done = await ops.client.wait("td-14", timeout=30)
+        assert done.state is RunState.CANCELLED
+        before = await ops.client.journal("td-14")
+        gate = approval_view(done, before)
+        assert gate is not None and gate.decision == "rejected"
+        step = gate.plan_step
+        with pytest.raises(durable.InvalidStateError) as refused:
+            await ops.client.replay("td-14", origin=ALICE)
+        assert str(refused.value) == (
+            f"run td-14's plan (step {step}) was rejected by alice@ops-1 (test); a replay that "
+            "keeps that plan would wait for an approval that can no longer be given; replay "
+            "it from the plan step to plan again and ask anew: durable replay td-14 "
+            f"--from-step {step}")
+        by_cli = await anyio.to_thread.run_sync(lambda: cli("replay", "td-14", db=ops.db_url))
+        assert_one_line_error(by_cli, "was rejected by alice", f"--from-step {step}")
+        assert await ops.client.journal("td-14") == before  # nothing written
+        assert (await ops.client.get("td-14")).state is RunState.CANCELLED
+
+        await ops.client.replay("td-14", from_step=step, origin=ALICE)
+        run = await _planned(ops, "td-14", 2)
+        again = approval_view(run, await ops.client.journal("td-14"))
+        assert again is not None and again.decision == "waiting"  # planned again
+        assert await send_decision(ops.client, "td-14", "approve", None, origin=ALICE)
+        done = await ops.client.wait("td-14", timeout=30)
+    assert done.state is RunState.COMPLETED, done.error
+    assert sorted(_deletes(ops)) == sorted([
+        "/api/v1/databases/db-slot-14", "/api/v1/applications/app-slot-14",
+        "/2.0/repositories/slots/slot-14"])
+
+
+async def test_a_plan_whose_decision_timed_out_is_replayed_only_from_its_plan_step(
+        ops: Ops) -> None:
+    """The journaled timeout is reused by a replay that keeps the plan: it failed again at
+    once, having asked no one."""
+    await ops.slot("slot-15")
+    await ops.client.start("slot.teardown", "slot-15", {"approval": True,
+                                                        "approval_timeout": 2.5},
+                           id="td-15", key="slot-15")
+    async with running_worker(ops.client, durable.default_registry):
+        done = await ops.client.wait("td-15", timeout=30)
+        assert done.state is RunState.FAILED and "no decision on the plan" in (done.error or "")
+        before = await ops.client.journal("td-15")
+        gate = approval_view(done, before)
+        assert gate is not None and gate.decision == "waiting"
+        step = gate.plan_step
+        with pytest.raises(durable.InvalidStateError,
+                           match=rf"run td-15's plan \(step {step}\) got no decision within its "
+                           rf"timeout.*: durable replay td-15 --from-step {step}$"):
+            await ops.client.replay("td-15")
+        assert await ops.client.journal("td-15") == before  # nothing written
+
+        await ops.client.replay("td-15", from_step=step)
+        await _planned(ops, "td-15", 2)  # asked anew, with the timeout anew
+        assert await send_decision(ops.client, "td-15", "reject", None, origin=ALICE)
+        done = await ops.client.wait("td-15", timeout=30)
+    assert done.state is RunState.CANCELLED
+    assert _deletes(ops) == []
