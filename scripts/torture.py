@@ -29,7 +29,10 @@ checks, from the services' ledger and the journal:
 - every operator cancel was honoured: the run ended cancelled (or was finishing anyway),
   and no step started after the cancel could be seen;
 - no worker logged an engine error: a crashed attempt, a failed interceptor, or a traceback
-  that escaped the worker's handlers.
+  that escaped the worker's handlers;
+- a run started with ``{"approval": true}`` (some are: they journal their plan and wait,
+  released, for a decision the scheduler sends, approve or reject, sometimes twice with one
+  signal id) sent no DELETE before an approve was received, and received each signal once.
 
 On SQLite the fleet mixes event loops by default (``--loops mixed``: every second worker
 started runs on trio); PostgreSQL's store needs asyncio.
@@ -56,7 +59,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -68,6 +71,7 @@ import anyio  # noqa: E402
 
 import durable  # noqa: E402
 import workflows  # noqa: E402,F401  (registers the operations: each activity's on_doubt)
+from durable._approval import approval_view, send_decision  # noqa: E402
 from durable.store import store_from_url  # noqa: E402
 from tests.pgproxy import LosingProxy, losing_proxy  # noqa: E402
 from tests.tmpfs import (  # noqa: E402
@@ -103,6 +107,10 @@ FAULT_PATHS = [  # (method, glob) of the requests the workflows send
 ]
 ACTIONS = {"kill": 1, "term": 1, "freeze": 1, "fault": 3, "cancel": 1, "term_cancel": 1,
            "replay": 1, "start": 2, "pg_terminate": 1, "pg_lose": 2}
+GATED_SHARE = 0.35
+"""Share of the slot runs started with ``{"approval": true}``: they journal their plan and
+wait (released, no lease) for an approve or a reject, which ``decide`` sends."""
+REJECT_SHARE = 0.2
 
 
 FROZEN_SLACK = 0.5
@@ -130,6 +138,7 @@ class Torture:
     services: FakeServices
     db_url: str
     rng: random.Random = field(init=False)
+    gate_rng: random.Random = field(init=False)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     live: list[subprocess.Popen[bytes]] = field(default_factory=list)
     freezes: list[Freeze] = field(default_factory=list)
@@ -154,6 +163,9 @@ class Torture:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        # the approval gates draw from a generator of their own, so that adding them left
+        # every earlier seed's plan and schedule of actions as it was
+        self.gate_rng = random.Random(f"{self.seed}:gates")
 
     # -- processes ---------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -239,6 +251,10 @@ class Torture:
         for slot in sorted(k for k in per_key if k.startswith("s")):
             if self.rng.random() < 0.5:  # a teardown retires the slot: last on its key
                 per_key[slot][-1] = ("slot.teardown", [slot])
+        for runs in per_key.values():  # some wait for an operator's approval of their plan
+            for i, (workflow, args) in enumerate(runs):
+                if workflow.startswith("slot.") and self.gate_rng.random() < GATED_SHARE:
+                    runs[i] = (workflow, [*args, {"approval": True}])
         # interleave the keys, each key's runs in order (queued behind one another)
         queues = {k: list(v) for k, v in sorted(per_key.items())}
         while queues:
@@ -319,6 +335,41 @@ class Torture:
                 except durable.DurableError:
                     self.counts["replays refused"] += 1
 
+    async def decide(self, client: durable.Client, name: str, *,
+                     every: bool = False) -> None:
+        """Approve or reject the plan of a started gated run that waits for a decision (with
+        ``every``: each of them); sometimes the same decision twice (one signal id: the
+        second is no news)."""
+        waiting = []
+        for run_id in self.started:
+            if not self.gated(run_id):
+                continue
+            run = await client.get(run_id)
+            if run.state.finished:
+                continue
+            gate = approval_view(run, await client.journal(run_id))
+            if gate is not None and gate.decision == "waiting":
+                waiting.append(run_id)
+        targets = waiting if every else [self.gate_rng.choice(waiting)] if waiting else []
+        for run_id in targets:
+            self.counts["decisions"] += 1
+            signal_id = f"torture-{name}-{self.counts['decisions']}"
+            try:
+                await send_decision(client, run_id, name, {"note": "torture"}, id=signal_id,
+                                    origin={"via": "torture"})
+                self.counts[f"{name}s"] += 1
+                if self.gate_rng.random() < 0.3:  # a double click
+                    again = await send_decision(client, run_id, name, None, id=signal_id)
+                    self.counts["decisions sent twice, recorded once"] += int(not again)
+            except durable.StoreError:
+                raise
+            except durable.InvalidStateError:  # it finished or was decided meanwhile
+                self.counts["decisions refused"] += 1
+
+    def gated(self, run_id: str) -> bool:
+        return any(r == run_id and args and args[-1] == {"approval": True}
+                   for _, args, _, r in self.plan)
+
     def inject_fault(self) -> None:
         method, path = self.rng.choice(FAULT_PATHS)
         kind = self.rng.choice(["500", "503", "drop", "drop-after", "500-after", "hang",
@@ -361,6 +412,27 @@ class Torture:
             raise  # not a refusal: the database did not answer (a full disk)
         except durable.DurableError:
             self.counts["cancels refused (already finished)"] += 1
+
+    async def guarded(self, action: Awaitable[None]) -> None:
+        """Run one of this script's actions; a write of its own that the database refused
+        is counted (a full disk) or reported (locked out), not fatal."""
+        try:
+            await action
+        except durable.StoreError as exc:
+            if self.backend == "sqlite" and "database is locked" in str(exc):
+                # this script's own write waited out the busy timeout
+                self.lockouts.append(self.lock_report(str(exc)))
+            elif self.full_until is None:
+                raise
+            else:  # its own write (a start, cancel, replay, decision) on the full disk
+                self.counts["scheduler writes refused by the full disk"] += 1
+
+    async def decider(self, client: durable.Client) -> None:
+        """During the chaos, every 0.3-1.2 s: approve (4 in 5) or reject a waiting plan."""
+        while True:
+            await anyio.sleep(self.gate_rng.uniform(0.3, 1.2))
+            name = "reject" if self.gate_rng.random() < REJECT_SHARE else "approve"
+            await self.guarded(self.decide(client, name))
 
     async def tender(self) -> None:
         """``tend`` every 50 ms during the chaos, beside the scheduler's actions."""
@@ -439,10 +511,26 @@ class Torture:
                 self.stuck[run.id] = max(self.stuck.get(run.id, 0.0), now - run.lease_expires_at)
 
     async def run(self) -> dict[str, Any]:
-        if self.backend != "postgres":
-            return await self._run()
-        async with losing_proxy(PG_SERVER) as self.proxy:
-            return await self._run()
+        """The whole run; SIGTERM cancels it at its next await (never inside a ``Popen`` or
+        a kill, which a signal raising at any bytecode could interrupt, leaving a worker
+        unrecorded and running), then raises KeyboardInterrupt, as Ctrl-C does."""
+        report: dict[str, Any] | None = None
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as group:
+                async def stop_on_sigterm() -> None:
+                    async for _ in signals:
+                        group.cancel_scope.cancel()
+                        return
+                group.start_soon(stop_on_sigterm)
+                if self.backend != "postgres":
+                    report = await self._run()
+                else:
+                    async with losing_proxy(PG_SERVER) as self.proxy:
+                        report = await self._run()
+                group.cancel_scope.cancel()
+        if report is None:
+            raise KeyboardInterrupt
+        return report
 
     async def _run(self) -> dict[str, Any]:
         began = time.monotonic()
@@ -463,18 +551,10 @@ class Torture:
                     # worker frozen inside a SQLite write transaction holds the write lock,
                     # and an action's write waits for it (30 s, then fails) until then
                     chaos.start_soon(self.tender)
+                    chaos.start_soon(self.decider, client)
                     while time.monotonic() < chaos_end:
                         action = self.rng.choices(list(actions), list(actions.values()))[0]
-                        try:
-                            await self.act(client, action)
-                        except durable.StoreError as exc:
-                            if self.backend == "sqlite" and "database is locked" in str(exc):
-                                # this script's own write waited out the busy timeout
-                                self.lockouts.append(self.lock_report(str(exc)))
-                            elif self.full_until is None:
-                                raise
-                            else:  # its own write (a start, cancel, replay) on the full disk
-                                self.counts["scheduler writes refused by the full disk"] += 1
+                        await self.guarded(self.act(client, action))
                         await anyio.sleep(self.rng.uniform(0.2, 0.6))
                     chaos.cancel_scope.cancel()
                 self.calm()
@@ -482,6 +562,7 @@ class Torture:
                     await self.start_next(client)
                 while time.monotonic() < end:
                     await self.watch_stuck(store)
+                    await self.decide(client, "approve", every=True)
                     runs = await store.list_runs(limit=10_000)
                     if all(r.state.finished for r in runs):
                         break
@@ -530,6 +611,7 @@ class Torture:
             check_notifications(notes, journals),
             check_cancels(journals, runs, max(2.5, self.lease)),
             check_worker_logs(sorted(self.tmp.glob("worker-*.log"))),
+            check_gates(journals, ledger, [r for r in runs if self.gated(r)]),
         ]
         if self.backend == "sqlite":
             checks.append(("no write of this script locked out (30 s)", not self.lockouts,
@@ -713,6 +795,36 @@ def check_notifications(notes: list[dict[str, Any]], journals: dict[str, list[An
     bad += [f"{run} notified outcome {o} {n} times" for (run, o), n in outcomes.items()
             if n > 1 and run not in replayed]
     return ("no notification sent twice", not bad, "; ".join(bad) or f"{len(notes)} sent")
+
+
+def check_gates(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
+                gated: list[str]) -> Check:
+    """A gated run sent no DELETE before an approve of its plan was received (journaled),
+    and received each signal once, across kills, freezes and replays."""
+    bad, acted, held = [], 0, 0
+    for run_id in gated:
+        entries = journals.get(run_id, [])
+        received = [e for e in entries if e.kind is durable.EntryKind.SIGNAL_RECEIVED]
+        for seq, n in Counter(e.data.get("seq") for e in received).items():
+            if n > 1:
+                bad.append(f"{run_id} received signal {seq} {n} times")
+        approved = [e.seq for e in received if e.data.get("name") == "approve"]
+        started: dict[str, int] = {}
+        for e in entries:
+            if e.kind is durable.EntryKind.STEP_STARTED and e.step_key:
+                started.setdefault(e.step_key, e.seq)
+        deletes = [x for x in ledger if x["method"] == "DELETE"
+                   and _run_of(x["idempotency_key"]) == run_id]
+        for x in deletes:
+            at = started.get(x["idempotency_key"].split("/", 1)[1])
+            if not approved or at is None or at < approved[0]:
+                bad.append(f"{run_id} sent DELETE {x['path']} "
+                           + ("with no approve received" if not approved
+                              else "before its approve was received"))
+        acted += bool(deletes)
+        held += not approved
+    return ("nothing deleted before its plan was approved", not bad, "; ".join(bad[:5]) or
+            f"{len(gated)} gated runs: {acted} deleted after an approve, {held} never approved")
 
 
 ENGINE_ERRORS = ("attempt_crashed", "interceptor_failed", "Traceback (most recent call last)")
@@ -924,7 +1036,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     print(f"torture: seed {args.seed} (replay with --seed {args.seed})", flush=True)
     # SIGTERM ends it as Ctrl-C does, through the finally that kills what it started (by
-    # default it ended at once, and left its workers running on a deleted database)
+    # default it ended at once, and left its workers running on a deleted database); while
+    # the run's event loop runs, Torture.run receives it instead
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="durable-torture-") as tmp_name:
         tmp = Path(tmp_name)
@@ -939,6 +1052,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 report = anyio.run(torture.run)
             finally:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping already: clean up
                 torture.kill_all()
                 if args.logs is not None:
                     args.logs.mkdir(parents=True, exist_ok=True)

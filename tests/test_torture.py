@@ -70,6 +70,9 @@ def test_a_small_torture_run_passes_every_check(backend: str, tmp_path: Path,
     # the run did torture: workers were killed or shut down, and services faulted
     assert applied.get("SIGKILL", 0) + applied.get("SIGTERM", 0) > 0, applied
     assert sum(v for k, v in applied.items() if k.startswith("fault ")) > 0, applied
+    gates = next(c["detail"] for c in report["checks"]
+                 if c["check"] == "nothing deleted before its plan was approved")
+    assert not gates.startswith("0 gated runs"), gates  # some runs waited for a decision
     if store == "sqlite":  # one fleet, both event loops
         assert applied.get("worker starts on trio", 0) > 0, applied
         assert applied.get("worker starts on asyncio", 0) > 0, applied
@@ -286,3 +289,27 @@ def test_sigterm_ends_the_run_and_everything_it_started() -> None:
     assert "Traceback" not in err, err[-2000:]
     left = [p for p in started if alive(p)]
     assert not left, f"left running: {left}"
+
+
+def test_the_gate_check_fails_on_a_delete_before_the_approve_or_a_signal_taken_twice() -> None:
+    t = _checks()
+    approved = _journal("a", ("step_completed", 1, 1.0, "plan", "inventory.plan", {}),
+                        ("signal_received", 1, 2.0, "4", "durable.wait_for",
+                         {"name": "approve", "seq": 1}),
+                        ("step_started", 1, 3.0, "delete-database", "paas.delete_database", {}))
+    delete = dict(_request("a", "delete-database", 1, 3.1), path="/api/v1/databases/db-s1")
+    ok, detail = t.check_gates({"a": approved}, [delete], ["a"])[1:]
+    assert ok and detail == "1 gated runs: 1 deleted after an approve, 0 never approved"
+    unapproved = [e for e in approved if e.kind is not EntryKind.SIGNAL_RECEIVED]
+    ok, detail = t.check_gates({"a": unapproved}, [delete], ["a"])[1:]
+    assert not ok and "a sent DELETE /api/v1/databases/db-s1 with no approve received" in detail
+    early = [approved[0], approved[2], approved[1]]  # the delete started before the receipt
+    early = [JournalEntry(i, e.run_id, e.epoch, e.kind, e.at, step_key=e.step_key,
+                          name=e.name, data=e.data) for i, e in enumerate(early, 1)]
+    ok, detail = t.check_gates({"a": early}, [delete], ["a"])[1:]
+    assert not ok and "before its approve was received" in detail
+    twice = [*approved, *_journal("a", ("signal_received", 2, 9.0, "4", "durable.wait_for",
+                                        {"name": "approve", "seq": 1}))]
+    ok, detail = t.check_gates({"a": twice}, [delete], ["a"])[1:]
+    assert not ok and "a received signal 1 2 times" in detail
+    assert t.check_gates({"b": approved}, [delete], [])[1]  # an ungated run is not judged
