@@ -901,9 +901,9 @@ def _schedule_parser(sub: Any) -> list[argparse.ArgumentParser]:
                    help="IANA timezone the cron expression is read in, e.g. Europe/Paris")
     a.add_argument("--key", help="concurrency key of the runs it starts (default: none)")
     a.add_argument("--catchup", default="skip", metavar="skip|N",
-                   help="fires missed while no worker ran: skip (a fire found more than "
-                        f"{SKIP_GRACE:g} s late is not started) or N (start up to the N "
-                        "latest missed fires, oldest first)")
+                   help="fires missed while no worker ran (found more than "
+                        f"{SKIP_GRACE:g} s late; every fire found sooner starts): skip (not "
+                        "started) or N (start up to the N latest missed fires, oldest first)")
     a.add_argument("--json", action="store_true", help="print the schedule as JSON")
     a.set_defaults(func=_cmd_schedule_add)
     actions_seen.append(a)

@@ -16,6 +16,7 @@ seconds), evaluated in the schedule's IANA timezone (``zoneinfo``).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,8 +34,13 @@ if TYPE_CHECKING:
     from .store import Store
 
 SKIP_GRACE = 60.0
-"""With ``catchup="skip"``, a fire found at most this many seconds after its time is on
-time and starts; an older one was missed (no scheduler ran) and is skipped."""
+"""A fire found at most this many seconds after its time is on time and starts, whatever the
+policy; an older one was missed (no scheduler ran) and follows ``catchup`` (skipped, or one
+of the N latest missed ones started)."""
+
+ON_TIME_MAX = 1_000
+"""At most this many fires on time in one tick (a six-field cron fires at most once a
+second: 61 within the grace)."""
 
 CatchUp = Literal["skip"] | int
 _NAME = re.compile(r"[^\s@]+")
@@ -252,12 +258,13 @@ def schedule(
     five fields, or six with the seconds last), read in ``timezone`` (an IANA name).
 
     Each fire starts one run with the id ``<name>@<fire time, ISO UTC>`` and concurrency
-    key ``key``, however many workers run the scheduler. ``catchup`` says what happens to
-    fires missed while no worker ran: ``"skip"`` (a fire more than :data:`SKIP_GRACE` late
-    is skipped; the next one starts on time) or ``N``, start up to the N latest of the
-    missed fires, oldest first. Every worker with this registry writes the declaration to the
-    store at start (keeping the schedule's paused flag and what it fired);
-    ``python -m durable schedule pause NAME`` pauses it.
+    key ``key``, however many workers run the scheduler; every fire found within
+    :data:`SKIP_GRACE` of its time starts. ``catchup`` says what happens to fires missed
+    while no worker ran (found later than that): ``"skip"`` (skipped; the next one starts on
+    time) or ``N``, start up to the N latest of the missed fires, oldest first. Every
+    worker with this registry writes the declaration to the store at start (keeping the
+    schedule's paused flag and what it fired); ``python -m durable schedule pause NAME``
+    pauses it.
     """
     from ._registry import Workflow, default_registry
 
@@ -321,18 +328,24 @@ class Scheduler:
 
     async def _fire_due(self, sched: Schedule, now: float) -> None:
         spec = sched.spec
-        limit = spec.catchup or 1
-        fires = spec.latest_fires(sched.fired_through, now, limit)
-        if not fires:
-            return
+        # every fire found within the grace is on time and starts, whatever the policy (a
+        # scheduler held up for a while finds several of a frequent schedule due at once);
+        # the policy rules the older ones: skipped, or the `catchup` latest of them started
+        # a fire SKIP_GRACE old is still on time (latest_fires' `after` is exclusive)
+        grace_from = max(sched.fired_through, math.nextafter(now - SKIP_GRACE, -math.inf))
+        on_time = spec.latest_fires(grace_from, now, ON_TIME_MAX)
+        late = (spec.latest_fires(sched.fired_through, grace_from, spec.catchup or 1)
+                if grace_from > sched.fired_through else [])
         version = sched.version
-        if spec.catchup == 0 and now - fires[-1] > SKIP_GRACE:
-            # missed while no scheduler ran: skipped, the cursor moves past it
-            if await self.store.fire_schedule(spec.name, version, fires[-1], None):
-                self.log.warning("schedule_fire_skipped", schedule=spec.name,
-                                 fire_at=iso(fires[-1]), late=round(now - fires[-1], 3))
-            return
-        for fire_at in fires:
+        if spec.catchup == 0 and late:
+            # missed while no scheduler ran: skipped, the cursor moves past them
+            if not await self.store.fire_schedule(spec.name, version, late[-1], None):
+                return  # another worker moved it, or the schedule changed: read it again
+            version += 1
+            self.log.warning("schedule_fire_skipped", schedule=spec.name,
+                             fire_at=iso(late[-1]), late=round(now - late[-1], 3))
+            late = []
+        for fire_at in [*late, *on_time]:
             run_id = fire_id(spec.name, fire_at)
             new = NewRun(run_id, spec.workflow, list(spec.args), spec.key, fire_at)
             if not await self.store.fire_schedule(spec.name, version, fire_at, new):

@@ -405,3 +405,34 @@ def test_cli_help_names_the_defaults() -> None:
                           timeout=60)
     text = " ".join(done.stdout.split())
     assert "(default: UTC)" in text and "(default: skip)" in text and "croniter" in text
+
+
+@pytest.mark.parametrize("catchup", ["skip", 1, 5])
+async def test_every_fire_found_within_the_grace_starts_whatever_the_policy(
+        store_url: str, clock: FakeClock, catchup: Any) -> None:
+    """A scheduler held up for less than the grace (a worker frozen, a store locked, a
+    restart) finds several fires of a frequent schedule due at once: each of them is on
+    time and starts. Before, only the latest started (the others were passed over without
+    a word) under "skip" and any catch-up smaller than the number due."""
+    reg = hello_registry()
+    async with opened(store_url, clock) as store:
+        client = durable.Client(store, registry=reg)
+        await client.add_schedule(ScheduleSpec(name="often", workflow="hello", args=["o"],
+                                               cron=EVERY_10S, catchup=catchup))
+        scheduler = Scheduler(store)
+        await scheduler.tick()  # 08:00:01: nothing due yet
+        clock.advance(35)  # held up from 08:00:01 to 08:00:36: 08:00:10, :20 and :30 due
+        await scheduler.tick()
+        assert sorted(r.id for r in await fired_runs(store, "often")) == [
+            f"often@2027-01-15T08:00:{s}Z" for s in ("10", "20", "30")]
+        # held up again, to 08:02:06: 08:00:40, :50 and 08:01:00 are more than the grace
+        # late and follow the policy; 08:01:10 .. 08:02:00 are on time
+        clock.advance(90)
+        await scheduler.tick()
+        started = sorted(r.id for r in await fired_runs(store, "often"))[3:]
+        missed = {"skip": [], 1: ["08:01:00"], 5: ["08:00:40", "08:00:50", "08:01:00"]}
+        on_time = ["08:01:10", "08:01:20", "08:01:30", "08:01:40", "08:01:50", "08:02:00"]
+        assert started == [f"often@2027-01-15T{t}Z"
+                           for t in [*missed[catchup], *on_time]], started
+        sched = await store.get_schedule("often")
+        assert sched is not None and sched.fired_through == START - 1 + 120  # 08:02:00
