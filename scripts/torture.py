@@ -32,7 +32,10 @@ checks, from the services' ledger and the journal:
   that escaped the worker's handlers;
 - a run started with ``{"approval": true}`` (some are: they journal their plan and wait,
   released, for a decision the scheduler sends, approve or reject, sometimes twice with one
-  signal id) sent no DELETE before an approve was received, and received each signal once.
+  signal id) sent no DELETE before an approve was received, and received each signal once;
+- a schedule that fires every 2 s through the chaos (``tick``, a small TTS job, fired by
+  every worker's scheduler) started one run for every fire between its creation and its
+  deletion at the chaos's end (2.5 s at each end not judged), and none after.
 
 On SQLite the fleet mixes event loops by default (``--loops mixed``: every second worker
 started runs on trio); PostgreSQL's store needs asyncio.
@@ -47,8 +50,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -72,6 +77,7 @@ import anyio  # noqa: E402
 import durable  # noqa: E402
 import workflows  # noqa: E402,F401  (registers the operations: each activity's on_doubt)
 from durable._approval import approval_view, send_decision  # noqa: E402
+from durable._schedules import ScheduleSpec  # noqa: E402
 from durable.store import store_from_url  # noqa: E402
 from tests.pgproxy import LosingProxy, losing_proxy  # noqa: E402
 from tests.tmpfs import (  # noqa: E402
@@ -107,6 +113,12 @@ FAULT_PATHS = [  # (method, glob) of the requests the workflows send
 ]
 ACTIONS = {"kill": 1, "term": 1, "freeze": 1, "fault": 3, "cancel": 1, "term_cancel": 1,
            "replay": 1, "start": 2, "pg_terminate": 1, "pg_lose": 2}
+TICK = ScheduleSpec(name="tick", workflow="audio.batch", args=["tick", VOICE, ["tick la la"], 1],
+                    cron="* * * * * */2")
+"""Every two seconds, from the chaos's start to its end: a small TTS job, unkeyed."""
+TICK_MARGIN = 2.5
+"""Seconds at each end of the schedule's life whose fires are not judged (the store's clock
+and this script's may differ a little)."""
 GATED_SHARE = 0.35
 """Share of the slot runs started with ``{"approval": true}``: they journal their plan and
 wait (released, no lease) for an approve or a reject, which ``decide`` sends."""
@@ -157,6 +169,8 @@ class Torture:
     filled now and then."""
     full_until: float | None = None
     """While the disk is full: when the filler goes (monotonic)."""
+    tick_window: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """When the TICK schedule was added and when it was deleted (time.time())."""
     lockouts: list[str] = field(default_factory=list)
     """SQLite: this script's writes that waited out the busy timeout, with who held the
     database's locks then."""
@@ -545,6 +559,9 @@ class Torture:
                 await self.start_next(client)
             await store.open()
             try:
+                # a frequent schedule, fired by every worker's scheduler through the chaos
+                await client.add_schedule(TICK)
+                self.tick_window[0] = time.time()
                 actions = dict(ACTIONS, disk_full=1) if self.disk is not None else ACTIONS
                 async with anyio.create_task_group() as chaos:
                     # frozen workers are continued on time, whatever an action waits for: a
@@ -558,6 +575,8 @@ class Torture:
                         await anyio.sleep(self.rng.uniform(0.2, 0.6))
                     chaos.cancel_scope.cancel()
                 self.calm()
+                self.tick_window[1] = time.time()
+                await client.delete_schedule(TICK.name)
                 while len(self.started) < len(self.plan):
                     await self.start_next(client)
                 while time.monotonic() < end:
@@ -601,6 +620,7 @@ class Torture:
         ledger = self.services.ledger()
         notes = self.services.notifications()
         on_doubt = {name: a.on_doubt for name, a in durable.default_registry.activities.items()}
+        fired = [r for r in runs if r.startswith(f"{TICK.name}@")]
         checks = [
             check_states(runs, self.stuck),
             check_completed_once(journals, ledger),
@@ -612,12 +632,14 @@ class Torture:
             check_cancels(journals, runs, max(2.5, self.lease)),
             check_worker_logs(sorted(self.tmp.glob("worker-*.log"))),
             check_gates(journals, ledger, [r for r in runs if self.gated(r)]),
+            check_schedule(fired, *self.tick_window),
         ]
         if self.backend == "sqlite":
             checks.append(("no write of this script locked out (30 s)", not self.lockouts,
                            "; ".join(self.lockouts)[:600] or "none"))
         return {"seed": self.seed, "backend": self.backend, "budget": self.budget,
                 "workers": self.workers, "loops": self.loops, "runs": len(self.plan),
+                "fires": len(fired),
                 "lease": self.lease, "disk_full": self.disk is not None,
                 "freezes": [{"pid": f.pid, "stopped_at": f.stopped_at,
                              "continued_at": f.continued_at} for f in self.freezes],
@@ -827,6 +849,28 @@ def check_gates(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
             f"{len(gated)} gated runs: {acted} deleted after an approve, {held} never approved")
 
 
+def check_schedule(fired: list[str], since: float, until: float) -> Check:
+    """Every fire of TICK between its creation and its deletion started one run (each fire
+    is found within the grace while any worker lives: none may be passed over), and none
+    after the deletion."""
+    times = set()
+    for run_id in fired:
+        stamp = run_id.split("@", 1)[1].rstrip("Z")
+        times.add(dt.datetime.fromisoformat(stamp).replace(tzinfo=dt.UTC).timestamp())
+    expected = [float(t) for t in range(math.ceil(since + TICK_MARGIN),
+                                         math.floor(until - TICK_MARGIN) + 1) if t % 2 == 0]
+    missing = [t for t in expected if t not in times]
+    after = sorted(t for t in times if t > until + TICK_MARGIN)
+    bad = [f"no run for the fire at {iso(t)}" for t in missing]
+    bad += [f"a run for {iso(t)}, after the schedule was deleted" for t in after]
+    return ("every fire of the schedule started one run", not bad, "; ".join(bad[:5]) or
+            f"{len(times)} fires, {len(expected)} judged")
+
+
+def iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
+
+
 ENGINE_ERRORS = ("attempt_crashed", "interceptor_failed", "Traceback (most recent call last)")
 """What a worker's log holds only when the engine itself went wrong: an attempt that ended on
 an error the engine did not expect, a hook that raised, or a traceback that escaped the
@@ -884,6 +928,7 @@ def table(report: dict[str, Any]) -> str:
              f"lease {report['lease']}s",
              "applied: " + ", ".join(f"{k} {v}" for k, v in report["applied"].items()),
              "runs: " + ", ".join(f"{k} {v}" for k, v in sorted(report["states"].items()))
+             + f" ({report['fires']} of them started by the schedule)"
              + f"; {report['requests']} requests in the services' ledger", ""]
     for run_id, error in sorted(report["errors"].items()):
         lines.insert(-1, f"  failed {run_id}: {error}")

@@ -81,7 +81,8 @@ def test_a_small_torture_run_passes_every_check(backend: str, tmp_path: Path,
     if disk_full:  # the database's own tmpfs was filled, and unmounted afterwards
         assert applied.get("disk full", 0) > 0 and report["disk_full"], applied
         assert "durable-torture-" not in Path("/proc/mounts").read_text()
-    assert sum(report["states"].values()) == 10, report["states"]
+    assert report["fires"] > 0  # the schedule fired through the chaos
+    assert sum(report["states"].values()) == 10 + report["fires"], report["states"]
     for check in report["checks"]:
         assert check["check"] in done.stdout
     assert report["pids"] and not [p for p in report["pids"] if alive(p)], "processes left"
@@ -313,3 +314,17 @@ def test_the_gate_check_fails_on_a_delete_before_the_approve_or_a_signal_taken_t
     ok, detail = t.check_gates({"a": twice}, [delete], ["a"])[1:]
     assert not ok and "a received signal 1 2 times" in detail
     assert t.check_gates({"b": approved}, [delete], [])[1]  # an ungated run is not judged
+
+
+def test_the_schedule_check_fails_on_a_fire_passed_over_or_one_after_the_deletion() -> None:
+    t = _checks()
+    since, until = 1_800_000_000.3, 1_800_000_012.7  # 08:00:00.3 to 08:00:12.7 UTC: fires
+    # from 08:00:04 to 08:00:10 are judged (2.5 s at each end are not)
+    fired = [f"tick@2027-01-15T08:00:{s:02d}Z" for s in range(0, 14, 2)]  # 08:00:00 .. :12
+    ok, detail = t.check_schedule(fired, since, until)[1:]
+    assert ok and detail == "7 fires, 4 judged"
+    ok, detail = t.check_schedule([f for f in fired if not f.endswith(":06Z")], since, until)[1:]
+    assert not ok and detail == "no run for the fire at 08:00:06"
+    late = [*fired, "tick@2027-01-15T08:00:16Z"]
+    ok, detail = t.check_schedule(late, since, until)[1:]
+    assert not ok and detail == "a run for 08:00:16, after the schedule was deleted"
