@@ -52,7 +52,13 @@ from ._interceptors import (
 from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease, is_lazily_bounded
 from ._logging import Logger, get_logger, redact
-from ._pool import LOG_EXTENSION, WAIT_EXTENSION, WorkerTransport
+from ._pool import (
+    FENCE_EXTENSION,
+    LOG_EXTENSION,
+    WAIT_EXTENSION,
+    FencedTransport,
+    WorkerTransport,
+)
 from ._steps import (
     DEFAULT_WAIT_THRESHOLD,
     Steps,
@@ -400,12 +406,21 @@ class Attempt:
         attempt = self
 
         async def fence_request(request: httpx.Request) -> None:
-            if not attempt.holds_lease():  # lost: never sent. Stopping: still allowed
-                attempt.log.warning("request_refused", method=request.method,
-                                    url=redact(str(request.url)), step=ctx.step)
-                raise attempt.refusal()
+            check_fence(request, "")
+            # checked again right before the request is written: the pool, the connect and
+            # the interceptors come between (FENCE_EXTENSION)
+            request.extensions[FENCE_EXTENSION] = lambda: check_fence(
+                request, "the lease ran out after the request was made, before it was "
+                         "written; nothing was sent")
             request.extensions[LOG_EXTENSION] = log  # the pool's wait warning names the step
             request.extensions[WAIT_EXTENSION] = ctx._pool_wait  # and its timeout says so
+
+        def check_fence(request: httpx.Request, note: str) -> None:
+            if not attempt.holds_lease():  # lost: never sent. Stopping: still allowed
+                attempt.log.warning("request_refused", method=request.method,
+                                    url=redact(str(request.url)), step=ctx.step,
+                                    **({"note": note} if note else {}))
+                raise attempt.refusal()
 
         log = self.log.bind(step=ctx.step)
         transport: httpx.AsyncBaseTransport | None = self._transport
@@ -413,6 +428,7 @@ class Attempt:
             if self._own_transport is None:
                 self._own_transport = WorkerTransport(OWN_CONNECTIONS)
             transport = self._own_transport
+        transport = FencedTransport(transport)  # innermost: the last check before the write
         if self.chain is not None and self.chain.request:
             transport = InterceptedTransport(
                 transport, self.chain.request,

@@ -35,7 +35,7 @@ import ipaddress
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -67,6 +67,16 @@ steps in a task group) waits no more than it did before."""
 
 LOG_EXTENSION = "durable.log"
 """Request extension carrying the attempt's bound logger (for the pool-wait warning)."""
+
+FENCE_EXTENSION = "durable.fence"
+"""Request extension: ``check()``, which raises (:class:`durable.LeaseLostError`) unless the
+attempt still holds its lease. :class:`FencedTransport` has httpcore call it as the very
+last thing before the request's headers are written (httpcore's ``trace`` extension,
+``*.send_request_headers.started``, after any trace of the caller's). ``ctx.http``'s own
+check runs before the interceptors, the pool and the connect: a process that stalled
+after it (SIGSTOP, a paused VM, an event loop blocked), once the request was past its last
+await, resumed past its lease's deadline and wrote the request before the event loop
+delivered the deadline's cancel."""
 
 WAIT_EXTENSION = "durable.pool_wait"
 """Request extension: ``told(waited, host, limit, outcome)``, called when a wait for a slot
@@ -219,6 +229,39 @@ class _DirectBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._default.sleep(seconds)
+
+
+def _fenced_trace(check: Callable[[], None],
+                  inner: Callable[[str, dict[str, Any]], Awaitable[None]] | None
+                  ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """httpcore's trace callback: ``inner``'s first (a caller's own trace, which may take
+    time), then, right before the request's headers are written, the fence check."""
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if inner is not None:
+            await inner(event, info)
+        if event.endswith(".send_request_headers.started"):  # http11. and http2.
+            check()
+    return trace
+
+
+class FencedTransport(httpx.AsyncBaseTransport):
+    """An attempt's innermost transport (inside any interceptor's): it hands httpcore the
+    request's :data:`FENCE_EXTENSION` check as a trace callback, so that the lease is
+    checked again right before the request's headers are written, whatever transport is
+    underneath (the worker's, or one given to ``Worker(transport=...)`` that passes
+    extensions on to httpcore, as httpx's own does)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        check = request.extensions.get(FENCE_EXTENSION)
+        if check is not None:
+            request.extensions["trace"] = _fenced_trace(check, request.extensions.get("trace"))
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pass  # the inner transport is the worker's (or the attempt's), closed by its owner
 
 
 class WorkerTransport(httpx.AsyncBaseTransport):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,6 +21,7 @@ import activities.git
 import durable
 from durable import RunState
 from durable._attempt import Attempt
+from durable._interceptors import Chain
 from durable._types import JSON, EntryKind, Fence, Renewal
 from durable.store._sqlite import SqliteStore
 
@@ -421,3 +424,76 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
             await poll(lambda: len(remote.outcomes) == 2, timeout=10)
     assert remote.outcomes[1] == "reset"
     assert git("rev-parse", "main", cwd=tmp_path / "remote" / "slot.git") == before
+
+
+async def test_a_request_whose_lease_ran_out_after_the_check_is_never_sent(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """The lease is checked where the request leaves, not only where ``ctx.http`` is called.
+
+    A process that stalls between the two (SIGSTOP, a VM paused, an event loop blocked by
+    a synchronous call) past its lease's local deadline, once its request is past its last
+    await (a kept-alive connection, locks taken), resumes and writes the request before
+    the event loop gets to the deadline's cancel. ``scripts/torture.py --backend postgres
+    --seed 1031`` saw it: an attempt frozen 4.5 s sent a request 2.8 s after its
+    successor's first (the service's fence refused it). Here a trace callback that httpcore
+    awaits right before it writes the request's headers blocks the event loop past the
+    deadline: the stall is the fault under test, made with a synchronous sleep as a
+    blocking call (or SIGSTOP) would make it."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    seen: list[str] = []
+
+    async def keep_alive(stream: anyio.abc.SocketStream) -> None:  # HTTP/1.1, kept alive
+        buffered = b""
+        async with stream:
+            while True:
+                try:
+                    buffered += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return
+                while b"\r\n\r\n" in buffered:
+                    head, buffered = buffered.split(b"\r\n\r\n", 1)
+                    seen.append(head.split(b" ")[1].decode())
+                    await stream.send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    attempts: list[Attempt] = []
+
+    async def stall(event: str, info: Any) -> None:  # httpcore's trace extension
+        if event == "http11.send_request_headers.started":  # the last await before the write
+            time.sleep(attempts[0].lease.deadline - anyio.current_time() + 0.05)  # noqa: ASYNC251
+
+    class Stall(durable.Interceptor):
+        async def intercept_request(self, info: Any, request: Any, call_next: Any) -> Any:
+            if request.url.path == "/second":
+                request.extensions["trace"] = stall
+            return await call_next(request)
+
+    outcome: dict[str, str] = {}
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    base = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}"
+    async with durable.Client.connect(url, registry=registry) as client, listener, \
+            anyio.create_task_group() as serving:
+        serving.start_soon(listener.serve, keep_alive)
+
+        @durable.activity(registry=registry)
+        async def twice(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{base}/first")  # opens the connection the second one reuses
+            try:
+                await ctx.http.get(f"{base}/second")
+            except durable.LeaseLostError:
+                outcome["second"] = "refused"
+                raise
+
+        @durable.workflow("twice", registry=registry)
+        async def wf(ctx: durable.WorkflowContext) -> None:
+            await twice(ctx)
+
+        await client.start("twice", id="k1")
+        [run] = await client.store.claim("worker-a", 1.0, 1)
+        attempts.append(Attempt(client.store, run, registry, lease=1.0,
+                                lease_sent_at=anyio.current_time(),
+                                chain=Chain.of([Stall()])))
+        await attempts[0].execute()  # nobody renews: the lease runs out during the stall
+        serving.cancel_scope.cancel()
+    assert seen == ["/first"], seen  # the second request never reached the service
+    assert outcome == {"second": "refused"}
+    assert attempts[0].lost
