@@ -31,8 +31,9 @@ checks, from the services' ledger and the journal:
 - no worker logged an engine error: a crashed attempt, a failed interceptor, or a traceback
   that escaped the worker's handlers;
 - a run started with ``{"approval": true}`` (some are: they journal their plan and wait,
-  released, for a decision the scheduler sends, approve or reject, sometimes twice with one
-  signal id) sent no DELETE before an approve was received, and received each signal once;
+  released, for a decision the scheduler sends, approve or reject, an approve sometimes
+  again with its signal id) sent no DELETE before an approve was received, received each
+  signal once, and recorded a signal id once;
 - a schedule that fires every 2 s through the chaos (``tick``, a small TTS job, fired by
   every worker's scheduler) started one run for every fire between its creation and its
   deletion at the chaos's end (2.5 s at each end not judged), and none after.
@@ -64,7 +65,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -171,6 +172,8 @@ class Torture:
     """While the disk is full: when the filler goes (monotonic)."""
     tick_window: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """When the TICK schedule was added and when it was deleted (time.time())."""
+    doubled: list[str] = field(default_factory=list)
+    """Decisions sent twice with one signal id and recorded twice (never, if ids hold)."""
     lockouts: list[str] = field(default_factory=list)
     """SQLite: this script's writes that waited out the busy timeout, with who held the
     database's locks then."""
@@ -372,9 +375,12 @@ class Torture:
                 await send_decision(client, run_id, name, {"note": "torture"}, id=signal_id,
                                     origin={"via": "torture"})
                 self.counts[f"{name}s"] += 1
-                if self.gate_rng.random() < 0.3:  # a double click
-                    again = await send_decision(client, run_id, name, None, id=signal_id)
-                    self.counts["decisions sent twice, recorded once"] += int(not again)
+                if name == "approve" and self.gate_rng.random() < 0.3:
+                    # a double click that got past the form: the same signal id again, raw
+                    # (send_decision itself refuses a plan already approved)
+                    if await client.signal(run_id, name, None, id=signal_id):
+                        self.doubled.append(f"{run_id}: signal {signal_id} recorded twice")
+                    self.counts["approvals sent twice, recorded once"] += 1
             except durable.StoreError:
                 raise
             except durable.InvalidStateError:  # it finished or was decided meanwhile
@@ -631,7 +637,7 @@ class Torture:
             check_notifications(notes, journals),
             check_cancels(journals, runs, max(2.5, self.lease)),
             check_worker_logs(sorted(self.tmp.glob("worker-*.log"))),
-            check_gates(journals, ledger, [r for r in runs if self.gated(r)]),
+            check_gates(journals, ledger, [r for r in runs if self.gated(r)], self.doubled),
             check_schedule(fired, *self.tick_window),
         ]
         if self.backend == "sqlite":
@@ -820,10 +826,11 @@ def check_notifications(notes: list[dict[str, Any]], journals: dict[str, list[An
 
 
 def check_gates(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
-                gated: list[str]) -> Check:
+                gated: list[str], doubled: Sequence[str] = ()) -> Check:
     """A gated run sent no DELETE before an approve of its plan was received (journaled),
-    and received each signal once, across kills, freezes and replays."""
-    bad, acted, held = [], 0, 0
+    received each signal once, and a signal id sent twice was recorded once, across kills,
+    freezes and replays."""
+    bad, acted, held = list(doubled), 0, 0
     for run_id in gated:
         entries = journals.get(run_id, [])
         received = [e for e in entries if e.kind is durable.EntryKind.SIGNAL_RECEIVED]

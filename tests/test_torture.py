@@ -328,3 +328,10 @@ def test_the_schedule_check_fails_on_a_fire_passed_over_or_one_after_the_deletio
     late = [*fired, "tick@2027-01-15T08:00:16Z"]
     ok, detail = t.check_schedule(late, since, until)[1:]
     assert not ok and detail == "a run for 08:00:16, after the schedule was deleted"
+
+
+def test_the_gate_check_fails_on_a_signal_id_recorded_twice() -> None:
+    t = _checks()
+    doubled = ["a: signal torture-approve-3 recorded twice"]
+    ok, detail = t.check_gates({"a": []}, [], ["a"], doubled)[1:]
+    assert not ok and detail == doubled[0]
