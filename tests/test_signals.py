@@ -431,3 +431,41 @@ async def test_a_timed_out_wait_is_kept_by_a_replay_and_waited_again_from_its_st
         done = await client.wait("strict", timeout=15)
     assert done.state is RunState.COMPLETED and done.result == "late but fine"
     assert ran == ["asked"]
+
+
+async def test_a_signal_recorded_before_the_deadline_is_received_though_the_look_was_late(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """A wait in the attempt looks for its signal, finds none, then reads the clock: if the
+    process stalls between the two (a GC pause, a starved CPU, a short SIGSTOP), a signal
+    committed in the stall and a deadline passed in it must not end the wait in a timeout,
+    since the signal was recorded in time. The stall is injected at that exact point, on the
+    real store (the signal a real send, the deadline passed by the store's clock): a race
+    of two processes cannot be timed to a point between two calls otherwise."""
+    declare(registry)
+    store = client.store
+    look = store.next_signal
+    stalled: list[float] = []
+
+    async def look_then_stall(run_id: str, name: str, after: int) -> Any:
+        found = await look(run_id, name, after)
+        if run_id == "late" and not stalled:
+            stalled.append(clock.now())
+            assert await client.signal("late", "never", "in time", id="in-time")
+            clock.advance(5.0)  # past the 1 s deadline while the process stood still
+        return found
+
+    store.next_signal = look_then_stall  # type: ignore[method-assign]
+    async with running_worker(client, registry):
+        await client.start("s.timeout", 1.0, id="late")  # 1 s: the wait stays in the attempt
+        # the wait ended, one way or the other: the run sleeps (released) after it
+        await poll(lambda: _timer_started(client, "late"), timeout=15)
+    entries = await client.store.journal("late")
+    [sent] = [e for e in entries if e.kind is EntryKind.SIGNAL_SENT]
+    [wait] = [e for e in entries if e.kind is EntryKind.WAIT_STARTED]
+    assert sent.at < wait.data["until"]  # recorded before the deadline
+    journal = kinds(entries)
+    assert "signal_timeout" not in journal and journal.count("signal_received") == 1
+
+
+async def _timer_started(client: durable.Client, run_id: str) -> bool:
+    return "timer_started" in kinds(await client.store.journal(run_id))
