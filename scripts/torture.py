@@ -36,7 +36,13 @@ checks, from the services' ledger and the journal:
   signal once, and recorded a signal id once;
 - a schedule that fires every 2 s through the chaos (``tick``, a small TTS job, fired by
   every worker's scheduler) started one run for every fire between its creation and its
-  deletion at the chaos's end (2.5 s at each end not judged), and none after.
+  deletion at the chaos's end (2.5 s at each end not judged), and none after;
+- a nap run (``torture.nap``, ``scripts/_torture_flows.py``: a durable sleep, then a wait
+  for the signal ``poke`` with a timeout, each shorter or longer than the workers' wait
+  threshold; a poker sends most of them their signal near the wait's deadline) journaled its
+  sleep and its wait once (between replays), sent nothing before its wake time, ended its
+  wait once, timed out never early nor on a signal recorded before the deadline, and never
+  sat queued past its wake-up after the chaos.
 
 On SQLite the fleet mixes event loops by default (``--loops mixed``: every second worker
 started runs on trio); PostgreSQL's store needs asyncio.
@@ -74,12 +80,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import anyio  # noqa: E402
+import anyio.abc  # noqa: E402
 
 import durable  # noqa: E402
 import workflows  # noqa: E402,F401  (registers the operations: each activity's on_doubt)
 from durable._approval import approval_view, send_decision  # noqa: E402
 from durable._schedules import ScheduleSpec  # noqa: E402
 from durable.store import store_from_url  # noqa: E402
+from scripts._torture_flows import POKE  # noqa: E402
 from tests.pgproxy import LosingProxy, losing_proxy  # noqa: E402
 from tests.tmpfs import (  # noqa: E402
     FILLER,
@@ -124,7 +132,20 @@ GATED_SHARE = 0.35
 """Share of the slot runs started with ``{"approval": true}``: they journal their plan and
 wait (released, no lease) for an approve or a reject, which ``decide`` sends."""
 REJECT_SHARE = 0.2
+NAP_SHARE = 0.5
+"""Nap runs (``torture.nap``: a durable sleep, then a wait for a signal with a timeout) per
+slot or audio run in the plan, at least two."""
+POKE_SHARE = 0.7
+"""Share of the nap runs' waits that a signal is sent to, near the wait's deadline (from
+0.4 s before it to 0.1 s after it): the race between a signal and the timeout."""
+CLOCK_SLACK = 0.05
+"""Seconds by which two processes' readings of the machine's one wall clock may disagree
+(each reads it at its own moment around an event)."""
 
+
+WAKE_SLACK = 3.0
+"""Seconds a due nap run may wait to be claimed in the settling phase: the workers poll every
+50 ms, and one that was just continued or started needs a moment."""
 
 FROZEN_SLACK = 0.5
 """Seconds a freeze must outlast the lease for the frozen worker's runs to count as lost
@@ -156,7 +177,7 @@ class Torture:
     live: list[subprocess.Popen[bytes]] = field(default_factory=list)
     freezes: list[Freeze] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
-    plan: list[tuple[str, list[Any], str, str]] = field(default_factory=list)
+    plan: list[tuple[str, list[Any], str | None, str]] = field(default_factory=list)
     started: list[str] = field(default_factory=list)
     hang_release_at: list[float] = field(default_factory=list)
     stuck: dict[str, float] = field(default_factory=dict)
@@ -177,12 +198,23 @@ class Torture:
     lockouts: list[str] = field(default_factory=list)
     """SQLite: this script's writes that waited out the busy timeout, with who held the
     database's locks then."""
+    wait_rng: random.Random = field(init=False)
+    naps: list[str] = field(default_factory=list)
+    """The nap runs' ids (``torture.nap``)."""
+    pokes: dict[str, float | None] = field(default_factory=dict)
+    """Nap run -> when the poke is due (time.time()), or None: its wait is left to time out."""
+    poked: dict[str, float] = field(default_factory=dict)
+    """Nap run -> when ``signal`` returned, the poke recorded (committed before then)."""
+    late_wakes: dict[str, float] = field(default_factory=dict)
+    """Nap runs seen queued longer than the slack after they were due, in the settling
+    phase (no faults, every worker alive): a lost wake-up."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         # the approval gates draw from a generator of their own, so that adding them left
         # every earlier seed's plan and schedule of actions as it was
         self.gate_rng = random.Random(f"{self.seed}:gates")
+        self.wait_rng = random.Random(f"{self.seed}:waits")
 
     # -- processes ---------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -195,7 +227,8 @@ class Torture:
         proc = subprocess.Popen(
             [sys.executable, "-m", "durable.worker", "--db",
              self.db_url if self.proxy is None else self.proxy.url(self.db_url),
-             "--import", "workflows", "--lease", str(self.lease), "--poll", "0.05",
+             "--import", "workflows", "--import", "scripts._torture_flows",
+             "--lease", str(self.lease), "--poll", "0.05",
              "--grace", str(GRACE), "--concurrency", "8", "--log-level", "warning",
              "--backend", loop],
             cwd=ROOT, env=self.env(), start_new_session=True, stdin=subprocess.DEVNULL,
@@ -281,6 +314,17 @@ class Torture:
                               f"{len(self.plan)}"))
             if not queues[key]:
                 del queues[key]
+        # durable waiting: sleeps and waits shorter and longer than the workers' threshold
+        # (2 s: a longer one releases the run), placed among the others by a generator of
+        # their own
+        for i in range(max(2, round(NAP_SHARE * self.runs))):
+            seconds, timeout = (round(self.wait_rng.choice(
+                [self.wait_rng.uniform(0.3, 1.8), self.wait_rng.uniform(2.0, 4.0)]), 3)
+                for _ in range(2))
+            run_id = f"nap-{i}"
+            self.plan.insert(self.wait_rng.randrange(len(self.plan) + 1), (
+                "torture.nap", [f"nap{i}", VOICE, seconds, timeout], None, run_id))
+            self.naps.append(run_id)
 
     async def start_next(self, client: durable.Client) -> None:
         workflow, args, key, run_id = self.plan[len(self.started)]
@@ -454,6 +498,45 @@ class Torture:
             name = "reject" if self.gate_rng.random() < REJECT_SHARE else "approve"
             await self.guarded(self.decide(client, name))
 
+    async def poker(self, client: durable.Client) -> None:
+        """During the chaos: every 0.05-0.2 s, look for nap runs that began to wait for their
+        signal; for most of them, send it at a time drawn near the wait's deadline."""
+        async with anyio.create_task_group() as tg:
+            while True:
+                await anyio.sleep(self.wait_rng.uniform(0.05, 0.2))
+                await self.guarded(self.find_waits(client, tg))
+
+    async def find_waits(self, client: durable.Client, tg: anyio.abc.TaskGroup) -> None:
+        for run_id in self.naps:
+            if run_id not in self.started or run_id in self.pokes:
+                continue
+            entries = await client.journal(run_id)
+            until = next((e.data.get("until") for e in entries
+                          if e.kind is durable.EntryKind.WAIT_STARTED), None)
+            if until is None:
+                continue  # not waiting yet
+            due = (float(until) + self.wait_rng.uniform(-0.4, 0.1)
+                   if self.wait_rng.random() < POKE_SHARE else None)
+            self.pokes[run_id] = due
+            if due is None:
+                self.counts["waits left to time out"] += 1
+            else:
+                self.counts["waits poked near their deadline"] += 1
+                tg.start_soon(self.guarded, self.poke(client, run_id, due))
+
+    async def poke(self, client: durable.Client, run_id: str, due: float) -> None:
+        await anyio.sleep(max(0.0, due - time.time()))
+        try:
+            seq = await client.signal(run_id, POKE, {"sent": due}, id=f"poke-{run_id}")
+        except durable.StoreError:
+            raise
+        except durable.InvalidStateError:  # the run finished meanwhile (timed out, a cancel)
+            self.counts["pokes refused (the run had finished)"] += 1
+            return
+        if seq:
+            self.poked[run_id] = time.time()  # the signal committed before now
+            self.counts["pokes"] += 1
+
     async def tender(self) -> None:
         """``tend`` every 50 ms during the chaos, beside the scheduler's actions."""
         while True:
@@ -524,11 +607,16 @@ class Torture:
         return f"{error}: " + ("; ".join(parts) or "no writer holds a lock any more")
 
     async def watch_stuck(self, store: Any) -> None:
-        """Note runs running past their lease (plus a sweep's slack) while workers are alive."""
+        """Note runs running past their lease (plus a sweep's slack) while workers are alive,
+        and nap runs left queued past their wake-up (a due sleep or wait: no lease, no key
+        in the way, and every worker polls every 50 ms)."""
         now = time.time()
         for run in await store.list_runs(state=durable.RunState.RUNNING, limit=10_000):
             if run.lease_expires_at is not None and run.lease_expires_at < now - 2 * self.lease - 2:
                 self.stuck[run.id] = max(self.stuck.get(run.id, 0.0), now - run.lease_expires_at)
+        for run in await store.list_runs(state=durable.RunState.QUEUED, limit=10_000):
+            if run.id in self.naps and run.run_at < now - WAKE_SLACK:
+                self.late_wakes[run.id] = max(self.late_wakes.get(run.id, 0.0), now - run.run_at)
 
     async def run(self) -> dict[str, Any]:
         """The whole run; SIGTERM cancels it at its next await (never inside a ``Popen`` or
@@ -575,6 +663,7 @@ class Torture:
                     # and an action's write waits for it (30 s, then fails) until then
                     chaos.start_soon(self.tender)
                     chaos.start_soon(self.decider, client)
+                    chaos.start_soon(self.poker, client)
                     while time.monotonic() < chaos_end:
                         action = self.rng.choices(list(actions), list(actions.values()))[0]
                         await self.guarded(self.act(client, action))
@@ -639,6 +728,7 @@ class Torture:
             check_worker_logs(sorted(self.tmp.glob("worker-*.log"))),
             check_gates(journals, ledger, [r for r in runs if self.gated(r)], self.doubled),
             check_schedule(fired, *self.tick_window),
+            check_waits(journals, ledger, self.naps, self.poked, self.late_wakes),
         ]
         if self.backend == "sqlite":
             checks.append(("no write of this script locked out (30 s)", not self.lockouts,
@@ -872,6 +962,82 @@ def check_schedule(fired: list[str], since: float, until: float) -> Check:
     bad += [f"a run for {iso(t)}, after the schedule was deleted" for t in after]
     return ("every fire of the schedule started one run", not bad, "; ".join(bad[:5]) or
             f"{len(times)} fires, {len(expected)} judged")
+
+
+def _segments(entries: list[Any]) -> list[list[Any]]:
+    """A run's journal cut at each replay (a replay starts a pending sleep or wait afresh)."""
+    parts: list[list[Any]] = [[]]
+    for e in entries:
+        if e.kind is durable.EntryKind.RUN_REPLAYED:
+            parts.append([])
+        parts[-1].append(e)
+    return parts
+
+
+def check_waits(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
+                naps: Sequence[str], poked: Mapping[str, float],
+                late_wakes: Mapping[str, float]) -> Check:
+    """Durable waiting through the chaos, from each nap run's journal and the ledger. Between
+    two replays (a replay starts a sleep or wait left pending afresh, docs/design.md): the
+    sleep was journaled once and nothing after it was sent before its wake time; the wait was
+    journaled once and ended once, a timeout not before its deadline, and never while a
+    signal recorded before the deadline was left unreceived. And no nap run sat queued past
+    its wake-up while the workers were well (``late_wakes``)."""
+    bad = [f"{run_id} sat queued {late:.1f}s past its wake-up"
+           for run_id, late in sorted(late_wakes.items())]
+    slept = received = timed_out = 0
+    kinds = durable.EntryKind
+    for run_id in naps:
+        entries = journals.get(run_id, [])
+        requests = [x for x in ledger if _run_of(x["idempotency_key"]) == run_id
+                    and not str(x["idempotency_key"]).endswith("#0")]
+        deadline: float | None = None
+        any_received = False
+        for part in _segments(entries):
+            timers = [e for e in part if e.kind is kinds.TIMER_STARTED]
+            waits = [e for e in part if e.kind is kinds.WAIT_STARTED]
+            for what, found in (("sleep", timers), ("wait", waits)):
+                if len(found) > 1:
+                    bad.append(f"{run_id}: its {what} journaled {len(found)} times at once "
+                               f"(epochs {', '.join(str(e.epoch) for e in found)})")
+            if timers:
+                timer = timers[0]
+                wake = float(timer.data["until"])
+                early: list[str] = [
+                    f"{e.kind.value} of step {e.step} {wake - e.at:.3f}s" for e in part
+                    if e.step is not None and e.step > (timer.step or 0)
+                    and e.kind in (kinds.STEP_STARTED, kinds.TIMER_FIRED)
+                    and e.at < wake - CLOCK_SLACK]
+                early += [f"{x['method']} {x['path']} {wake - x['arrived_at']:.3f}s"
+                          for x in requests
+                          if timer.at <= x["arrived_at"] < wake - CLOCK_SLACK]
+                if early:
+                    bad.append(f"{run_id}: {early[0]} before its sleep's wake time")
+                slept += any(e.kind is kinds.TIMER_FIRED for e in part)
+            if waits:
+                deadline = float(waits[0].data["until"])
+            ends = [e for e in part if e.kind in (kinds.SIGNAL_RECEIVED, kinds.SIGNAL_TIMEOUT)]
+            if len(ends) > 1:
+                bad.append(f"{run_id}: its wait ended {len(ends)} times: "
+                           + ", ".join(e.kind.value for e in ends))
+            for e in ends:
+                if e.kind is kinds.SIGNAL_RECEIVED:
+                    received += 1
+                    any_received = True
+                elif deadline is None:
+                    bad.append(f"{run_id}: a wait timed out that was never journaled")
+                elif e.at < deadline - CLOCK_SLACK:
+                    bad.append(f"{run_id}: its wait timed out {deadline - e.at:.3f}s before "
+                               "its deadline")
+                elif (not any_received
+                      and poked.get(run_id, math.inf) < deadline - CLOCK_SLACK):
+                    bad.append(f"{run_id}: its wait timed out although its signal was "
+                               f"recorded {deadline - poked[run_id]:.3f}s before the deadline")
+                else:
+                    timed_out += 1
+    return ("every durable sleep and wait ended once, on time", not bad,
+            "; ".join(bad[:5]) or f"{len(naps)} nap runs: {slept} slept, {received} "
+            f"signals received, {timed_out} waits timed out")
 
 
 def iso(t: float) -> str:

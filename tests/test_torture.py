@@ -82,7 +82,10 @@ def test_a_small_torture_run_passes_every_check(backend: str, tmp_path: Path,
         assert applied.get("disk full", 0) > 0 and report["disk_full"], applied
         assert "durable-torture-" not in Path("/proc/mounts").read_text()
     assert report["fires"] > 0  # the schedule fired through the chaos
-    assert sum(report["states"].values()) == 10 + report["fires"], report["states"]
+    waits = next(c["detail"] for c in report["checks"]
+                 if c["check"] == "every durable sleep and wait ended once, on time")
+    assert report["runs"] == 15 and waits.startswith("5 nap runs: "), waits  # 10 + 5 naps
+    assert sum(report["states"].values()) == 15 + report["fires"], report["states"]
     for check in report["checks"]:
         assert check["check"] in done.stdout
     assert report["pids"] and not [p for p in report["pids"] if alive(p)], "processes left"
@@ -335,3 +338,56 @@ def test_the_gate_check_fails_on_a_signal_id_recorded_twice() -> None:
     doubled = ["a: signal torture-approve-3 recorded twice"]
     ok, detail = t.check_gates({"a": []}, [], ["a"], doubled)[1:]
     assert not ok and detail == doubled[0]
+
+
+def _nap(*rows: tuple[str, int, float, int | None, dict[str, Any]]) -> list[JournalEntry]:
+    """A nap run's journal: (kind, epoch, at, step, data) rows."""
+    return [JournalEntry(seq, "n", epoch, EntryKind(kind), at, step=step,
+                         step_key=None if step is None else str(step), data=data)
+            for seq, (kind, epoch, at, step, data) in enumerate(rows, 1)]
+
+
+def test_the_wait_check_fails_on_an_early_wake_a_second_timer_or_an_untrue_timeout() -> None:
+    t = _checks()
+    before = [("run_claimed", 1, 0.9, None, {}), ("step_completed", 1, 1.0, 1, {}),
+              ("timer_started", 1, 1.1, 2, {"until": 4.0})]
+    after = [("timer_fired", 2, 4.05, 2, {}), ("step_started", 2, 4.05, 3, {}),
+             ("step_completed", 2, 4.1, 3, {}), ("wait_started", 2, 4.2, 4, {"until": 6.0})]
+    timed_out = ("signal_timeout", 2, 6.01, 4, {})
+    sent = _request("n", "3#1", 2, 4.06)
+
+    def check(rows: list[tuple[str, int, float, int | None, dict[str, Any]]],
+              ledger: list[dict[str, Any]] | None = None, poked: dict[str, float] | None = None,
+              late: dict[str, float] | None = None) -> tuple[bool, str]:
+        ok, detail = t.check_waits({"n": _nap(*rows)}, [sent] if ledger is None else ledger,
+                                   ["n"], poked or {}, late or {})[1:]
+        return ok, detail
+
+    assert check([*before, *after, timed_out]) == (
+        True, "1 nap runs: 1 slept, 0 signals received, 1 waits timed out")
+    received = ("signal_received", 2, 5.0, 4, {"seq": 1})
+    assert check([*before, *after, received], poked={"n": 4.9}) == (
+        True, "1 nap runs: 1 slept, 1 signals received, 0 waits timed out")
+    # a replay starts a sleep left pending afresh: a second timer after it is no fault
+    replayed = [*before, ("run_cancelled", 1, 2.0, None, {}), ("run_replayed", 1, 2.5, None, {}),
+                ("timer_started", 2, 2.6, 2, {"until": 4.0}), *after, timed_out]
+    assert check(replayed)[0]
+
+    early = [*before, ("step_started", 2, 3.5, 3, {}), *after[2:], timed_out]
+    assert check(early) == (False, "n: step_started of step 3 0.500s before its sleep's wake "
+                                   "time")
+    ok, detail = check([*before, *after, timed_out], [_request("n", "3#1", 2, 3.75)])
+    assert not ok and detail == ("n: DELETE /api/v1/databases/db-s1 0.250s before its sleep's "
+                                 "wake time")
+    twice = [*before, ("timer_started", 2, 2.6, 2, {"until": 4.5}), *after, timed_out]
+    assert check(twice) == (False, "n: its sleep journaled 2 times at once (epochs 1, 2)")
+    assert check([*before, *after, received, timed_out]) == (
+        False, "n: its wait ended 2 times: signal_received, signal_timeout")
+    assert check([*before, *after, ("signal_timeout", 2, 5.0, 4, {})]) == (
+        False, "n: its wait timed out 1.000s before its deadline")
+    assert check([*before, *after, timed_out], poked={"n": 5.5}) == (
+        False, "n: its wait timed out although its signal was recorded 0.500s before the "
+               "deadline")
+    assert check([*before, *after, timed_out], poked={"n": 5.99})[0]  # a race: not judged
+    assert check([*before, *after, timed_out], late={"n": 4.25}) == (
+        False, "n sat queued 4.2s past its wake-up")
