@@ -42,7 +42,8 @@ checks, from the services' ledger and the journal:
   threshold; a poker sends most of them their signal near the wait's deadline) journaled its
   sleep and its wait once (between replays), sent nothing before its wake time, ended its
   wait once, timed out never early nor on a signal recorded before the deadline, and never
-  sat queued past its wake-up after the chaos.
+  sat queued past its wake-up after the chaos; and a step whose retry delay released its
+  run was not tried again before its journaled retry time.
 
 On SQLite the fleet mixes event loops by default (``--loops mixed``: every second worker
 started runs on trio); PostgreSQL's store needs asyncio.
@@ -729,6 +730,7 @@ class Torture:
             check_gates(journals, ledger, [r for r in runs if self.gated(r)], self.doubled),
             check_schedule(fired, *self.tick_window),
             check_waits(journals, ledger, self.naps, self.poked, self.late_wakes),
+            check_retries(journals),
         ]
         if self.backend == "sqlite":
             checks.append(("no write of this script locked out (30 s)", not self.lockouts,
@@ -1038,6 +1040,29 @@ def check_waits(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
     return ("every durable sleep and wait ended once, on time", not bad,
             "; ".join(bad[:5]) or f"{len(naps)} nap runs: {slept} slept, {received} "
             f"signals received, {timed_out} waits timed out")
+
+
+def check_retries(journals: dict[str, list[Any]]) -> Check:
+    """A retry delay long enough to release the run (``step_retrying`` with ``retry_at``) was
+    waited out by every attempt that took the run up again: between two replays (a replay
+    starts a pending delay afresh), the step's next try started no earlier than its
+    ``retry_at``."""
+    bad, waited = [], 0
+    for run_id, entries in journals.items():
+        for part in _segments(entries):
+            due: dict[str, float] = {}
+            for e in part:
+                if e.kind is durable.EntryKind.STEP_RETRYING and e.step_key and isinstance(
+                        e.data.get("retry_at"), int | float):
+                    due[e.step_key] = float(e.data["retry_at"])
+                elif e.kind is durable.EntryKind.STEP_STARTED and e.step_key in due:
+                    retry_at = due.pop(e.step_key)
+                    if e.at < retry_at - CLOCK_SLACK:
+                        bad.append(f"{run_id} {e.step_key} tried again {retry_at - e.at:.3f}s "
+                                   "before its retry time")
+                    waited += 1
+    return ("every released retry delay waited out", not bad,
+            "; ".join(bad[:5]) or f"{waited} released retries")
 
 
 def iso(t: float) -> str:

@@ -391,3 +391,17 @@ def test_the_wait_check_fails_on_an_early_wake_a_second_timer_or_an_untrue_timeo
     assert check([*before, *after, timed_out], poked={"n": 5.99})[0]  # a race: not judged
     assert check([*before, *after, timed_out], late={"n": 4.25}) == (
         False, "n sat queued 4.2s past its wake-up")
+
+
+def test_the_retry_check_fails_on_a_try_before_its_released_delay_ran_out() -> None:
+    t = _checks()
+    retrying = ("step_retrying", 1, 1.0, 3, {"retry_in": 4.0, "retry_at": 5.0})
+    on_time = [("run_claimed", 1, 0.5, None, {}), ("step_started", 1, 0.9, 3, {}), retrying,
+               ("run_claimed", 2, 5.0, None, {}), ("step_started", 2, 5.01, 3, {})]
+    assert t.check_retries({"n": _nap(*on_time)})[1:] == (True, "1 released retries")
+    early = [*on_time[:3], ("run_claimed", 2, 3.0, None, {}), ("step_started", 2, 3.5, 3, {})]
+    assert t.check_retries({"n": _nap(*early)})[1:] == (
+        False, "n 3 tried again 1.500s before its retry time")
+    replayed = [*on_time[:3], ("run_replayed", 1, 2.0, None, {}),
+                ("run_claimed", 2, 2.1, None, {}), ("step_started", 2, 2.2, 3, {})]
+    assert t.check_retries({"n": _nap(*replayed)})[1]  # a replay starts the delay afresh
