@@ -10,8 +10,9 @@ waits on the server while the others queue behind it.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import psycopg
@@ -71,6 +72,27 @@ async def locker(url: str, run_id: str) -> psycopg.AsyncConnection[tuple[object,
     return conn
 
 
+async def in_one_batch(url: str, store: PostgresStore, first: Fence, results: dict[str, bool],
+                       writes: list[Callable[[], Awaitable[None]]]) -> None:
+    """Send ``writes`` as one batch: the lead (an append of one entry by ``first``, its
+    outcome in ``results``) goes out alone and waits for ``first``'s row lock, held by
+    another connection, while ``writes`` queue behind it; then the lock is let go."""
+    lock = await locker(url, first.run_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            async def lead() -> None:
+                results[first.run_id] = await store.append(first, [VALUE])
+
+            tg.start_soon(lead)
+            await poll(lambda: store.batches == 1)  # the lead's batch waits for the lock
+            for write in writes:
+                tg.start_soon(write)
+            await poll(lambda: len(store._pending) == len(writes))
+            await lock.commit()
+    finally:
+        await lock.close()
+
+
 def checked_out(store: PostgresStore) -> int:
     """Pooled connections out of the pool but the store's hot one (kept for the next
     checkout: PostgresStore._put_back)."""
@@ -111,29 +133,17 @@ async def test_one_batch_commits_the_writes_whose_fence_holds_and_refuses_the_ot
     wrong = {f.run_id for f in fences[1::2]}
     writes = [Fence(f.run_id, f.epoch + 1000) if f.run_id in wrong else f for f in fences]
     results: dict[str, bool] = {}
-    lock = await locker(pg_url, first.run_id)
-    try:
-        async with anyio.create_task_group() as tg:
-            async def lead() -> None:
-                results[first.run_id] = await pg_store.append(first, [VALUE])
 
-            tg.start_soon(lead)
-            await poll(lambda: pg_store.batches == 1)  # the lead's batch waits for the lock
+    async def write(i: int, f: Fence) -> None:
+        if i % 3 == 0:  # finishes and appends in the same batch
+            results[f.run_id] = await pg_store.finish(
+                f, RunState.COMPLETED, result=i,
+                entries=[JournalWrite(EntryKind.RUN_COMPLETED, data={"result": i})])
+        else:
+            results[f.run_id] = await pg_store.append(f, [VALUE, VALUE])
 
-            async def write(i: int, f: Fence) -> None:
-                if i % 3 == 0:  # finishes and appends in the same batch
-                    results[f.run_id] = await pg_store.finish(
-                        f, RunState.COMPLETED, result=i,
-                        entries=[JournalWrite(EntryKind.RUN_COMPLETED, data={"result": i})])
-                else:
-                    results[f.run_id] = await pg_store.append(f, [VALUE, VALUE])
-
-            for i, f in enumerate(writes):
-                tg.start_soon(write, i, f)
-            await poll(lambda: len(pg_store._pending) == len(writes))
-            await lock.commit()
-    finally:
-        await lock.close()
+    await in_one_batch(pg_url, pg_store, first, results,
+                       [functools.partial(write, i, f) for i, f in enumerate(writes)])
     assert pg_store.batches == 2
     assert pg_store.batched_writes == 1 + len(writes)
     assert results == {f.run_id: f.run_id not in wrong for f in [first, *fences]}
@@ -591,3 +601,56 @@ async def _waits_for_a_lock(url: str, conn: psycopg.AsyncConnection[tuple[object
             (conn.info.backend_pid,))
         row = await cur.fetchone()
         return row is not None and bool(row[0])
+
+
+async def lapse(url: str, run_ids: set[str]) -> None:
+    """Move the leases of ``run_ids`` an hour into the past: they ran out, nobody took the
+    runs over (yet), and each attempt still believes it holds its run."""
+    base, schema = split_url(url)
+    async with await psycopg.AsyncConnection.connect(
+            base, autocommit=True, options=f"-c search_path={schema}") as conn:
+        await conn.execute("UPDATE durable_runs SET lease_expires_at = lease_expires_at - 3600"
+                           " WHERE id = ANY (%s)", (sorted(run_ids),))
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "alone"])
+async def test_no_statement_a_write_goes_out_as_accepts_a_lease_that_ran_out(
+        pg_url: str, pg_store: PostgresStore, grouped: bool) -> None:
+    """The lease's deadline in every statement a fenced write goes out as, not only the
+    epoch: alone, an append of one, two or three entries (append_entry, append_entry_pair,
+    append_entries) and a finish of one or two (finish_run in its two forms); grouped, the
+    batch statements (append_batch, finish_batch), whose refused jobs take nothing from the
+    others. An attempt whose lease ran out writes nothing, though no one took its run yet."""
+    # (finish?, entries): every form, each once with its lease run out and once not
+    forms = [(False, 1), (False, 2), (False, 3), (True, 1), (True, 2)]
+    first, *fences = await claimed(pg_store, 1 + 2 * len(forms))
+    specs = dict(zip([f.run_id for f in fences], forms * 2, strict=True))
+    lapsed = {f.run_id for f in fences[:len(forms)]}
+    await lapse(pg_url, lapsed)
+    results: dict[str, bool] = {}
+
+    async def write(i: int, f: Fence) -> None:
+        finish, entries = specs[f.run_id]
+        if finish:
+            done = JournalWrite(EntryKind.RUN_COMPLETED, data={"result": i})
+            results[f.run_id] = await pg_store.finish(
+                f, RunState.COMPLETED, result=i, entries=[VALUE] * (entries - 1) + [done])
+        else:
+            results[f.run_id] = await pg_store.append(f, [VALUE] * entries)
+
+    if grouped:
+        await in_one_batch(pg_url, pg_store, first, results,
+                           [functools.partial(write, i, f) for i, f in enumerate(fences)])
+        assert pg_store.batches == 2  # the others went out as one batch
+    else:
+        pg_store.group_commit = False
+        results[first.run_id] = await pg_store.append(first, [VALUE])
+        for i, f in enumerate(fences):
+            await write(i, f)
+    assert results == {f.run_id: f.run_id not in lapsed for f in [first, *fences]}
+    for f in fences:
+        run = await pg_store.get_run(f.run_id)
+        assert run is not None
+        if f.run_id in lapsed:  # nothing written: still running, its journal as it was
+            assert await journal_kinds(pg_store, f.run_id) == ["run_created", "run_claimed"]
+            assert run.state is RunState.RUNNING
