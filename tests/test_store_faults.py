@@ -10,6 +10,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
+import durable
+import durable.testing
 from durable._clock import FakeClock
 from durable._errors import StaleRecordError
 from durable._types import EntryKind, Fence, JournalWrite, NewRun, Run, RunState
@@ -126,6 +128,30 @@ async def test_claim_reports_a_cancel_flag_that_is_still_set(store_url: str, sto
         + ("1" if store_url.startswith("sqlite") else "true") + " WHERE id = 'r1'")
     run = await claim_one(store)
     assert run.cancel_requested
+
+
+async def test_an_attempt_handed_a_cancel_flag_runs_no_workflow_code(
+        store_url: str, clock: FakeClock, registry: durable.Registry) -> None:
+    """The attempt's side of the claim above: a worker that claims a run with the flag set
+    ends it cancelled before any workflow code runs (cancelled before this claim)."""
+    ran: list[str] = []
+
+    @durable.workflow("f.flagged", registry=registry)
+    async def flagged(ctx: durable.WorkflowContext) -> str:
+        ran.append("body")
+        return "ran"
+
+    async with durable.Client.connect(store_url, clock=clock, registry=registry) as client:
+        await client.start("f.flagged", id="r1")
+        await anyio.to_thread.run_sync(
+            raw_execute, store_url,
+            "UPDATE durable_runs SET cancel_requested = "
+            + ("1" if store_url.startswith("sqlite") else "true") + " WHERE id = 'r1'")
+        async with durable.testing.running_worker(client, registry=registry):
+            done = await client.wait("r1", timeout=15)
+        entries = await client.journal("r1")
+    assert done.state is RunState.CANCELLED and ran == []
+    assert [e.kind.value for e in entries][-2:] == ["run_claimed", "run_cancelled"]
 
 
 # -- 11. recoveries are counted and bounded -----------------------------------------------------

@@ -302,3 +302,53 @@ async def test_cancel_during_a_short_sleep_in_the_attempt_stops_it_at_once(
         with anyio.fail_after(5):  # the fake clock never moves: only the cancel ends it
             done = await client.wait("short", timeout=5)
     assert done.state is RunState.CANCELLED and lines(log) == ["before"]
+
+
+async def test_an_hour_sleep_beside_a_step_in_flight_stays_in_the_attempt(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """Releasing the run would cut off the step in flight beside the sleep (docs/design.md,
+    *Durable waiting*: a wait with steps in flight holds the lease for its whole length):
+    the hour passes in the attempt, which finishes the step, then wakes, without a release
+    and without running the step again."""
+    started, finish = anyio.Event(), anyio.Event()
+    ran: list[str] = []
+
+    @durable.activity("t.slow", registry=registry, on_doubt="fail")  # its end journaled at once
+    async def slow(ctx: durable.ActivityContext, name: str) -> str:
+        ran.append(name)
+        started.set()
+        await finish.wait()
+        return name
+
+    @durable.workflow("t.beside", registry=registry)
+    async def beside(ctx: durable.WorkflowContext) -> list[Any]:
+        out: list[Any] = []
+
+        async def item() -> None:
+            out.append(await ctx.step(slow, "item", key="item"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(item)
+            await started.wait()
+            await ctx.sleep(HOUR)  # far above the threshold, with "item" in flight
+            out.append("woke")
+        return out
+
+    # a lease longer than the hour: the fake clock jumps, the renewals (real time) do not
+    async with running_worker(client, registry, lease=3 * HOUR):
+        await client.start("t.beside", id="beside")
+        await poll(lambda: _journaled(client, "beside", "timer_started"))
+        clock.advance(HOUR / 2)
+        finish.set()  # the step ends while the sleep goes on
+        await poll(lambda: _journaled(client, "beside", "step_completed"))
+        held = await client.store.get_run("beside")
+        assert held is not None and held.state is RunState.RUNNING and held.attempt == 1
+        clock.advance(HOUR / 2)
+        done = await client.wait("beside", timeout=15)
+    assert done.result == ["item", "woke"] and ran == ["item"]
+    journal = kinds(await client.store.journal("beside"))
+    assert "run_waiting" not in journal and journal.count("run_claimed") == 1
+
+
+async def _journaled(client: durable.Client, run_id: str, kind: str) -> bool:
+    return kind in kinds(await client.store.journal(run_id))
