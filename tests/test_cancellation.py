@@ -21,6 +21,7 @@ import activities.git
 import durable
 from durable import RunState
 from durable._attempt import Attempt
+from durable._clock import FakeClock
 from durable._interceptors import Chain
 from durable._types import JSON, EntryKind, Fence, Renewal
 from durable.store._sqlite import SqliteStore
@@ -175,6 +176,16 @@ async def _state_is(client: durable.Client, run_id: str, state: RunState) -> boo
     return (await client.get(run_id)).state is state
 
 
+async def claimed_attempt(client: durable.Client, registry: durable.Registry, workflow: str,
+                          run_id: str, lease: float) -> tuple[durable.Run, Attempt]:
+    """Start ``workflow`` as ``run_id``, claim it as ``worker-a`` and make its attempt, with
+    no worker around it: nothing renews its lease, and the test takes the run over by hand."""
+    await client.start(workflow, id=run_id)
+    [run] = await client.store.claim("worker-a", lease, 1)
+    return run, Attempt(client.store, run, registry, lease=lease,
+                        lease_sent_at=anyio.current_time())
+
+
 async def test_a_superseded_attempt_can_send_and_write_nothing(
         tmp_path: Path, registry: durable.Registry) -> None:
     """Code that outlives its lease (shielded, or in a thread) is refused at every door."""
@@ -203,10 +214,7 @@ async def test_a_superseded_attempt_can_send_and_write_nothing(
         async def wf(ctx: durable.WorkflowContext) -> None:
             await stubborn(ctx)
 
-        await client.start("stubborn", id="s1")
-        [run] = await client.store.claim("worker-a", 0.3, 1)
-        attempt = Attempt(client.store, run, registry, lease=0.3,
-                                  lease_sent_at=anyio.current_time())
+        run, attempt = await claimed_attempt(client, registry, "stubborn", "s1", 0.3)
         async with anyio.create_task_group() as tg:
             tg.start_soon(attempt.execute)
             # nobody renews worker-a's lease: wait for it to lapse, then take over
@@ -223,6 +231,107 @@ async def test_a_superseded_attempt_can_send_and_write_nothing(
         assert late == []
         final = await client.get("s1")
         assert final.state is RunState.RUNNING and final.epoch == newer.epoch
+
+
+async def test_an_attempt_whose_write_was_refused_sends_nothing_though_its_local_lease_holds(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """A refused journal write tells the attempt it lost the run (another worker took it
+    over) before its local deadline passes: from then on its requests are refused, also
+    from code that outlives the cancel (shielded, or in a thread). The store's clock is
+    moved past the lease, the local one is not, so only the loss can refuse the request."""
+    clock = FakeClock()
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    inside, done_a, go = anyio.Event(), anyio.Event(), anyio.Event()
+    outcome: dict[str, str] = {}
+    async with (
+        durable.Client.connect(url, registry=registry, clock=clock) as client,
+        loopback_server() as server,
+    ):
+
+        @durable.activity(registry=registry, on_doubt="fail")  # its end is written at once
+        async def quick(ctx: durable.ActivityContext) -> str:
+            await done_a.wait()
+            return "a"
+
+        @durable.activity(registry=registry)
+        async def stubborn(ctx: durable.ActivityContext) -> None:
+            with anyio.CancelScope(shield=True):  # like code in a thread: not interruptible
+                inside.set()
+                await go.wait()
+                try:
+                    ctx.check_lease()
+                except durable.LeaseLostError:
+                    outcome["check"] = "refused"
+                try:
+                    await ctx.http.post(f"{server.url}/after-the-refusal")
+                except durable.LeaseLostError:
+                    outcome["http"] = "refused"
+
+        @durable.workflow("two", registry=registry)
+        async def wf(ctx: durable.WorkflowContext) -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: ctx.step(stubborn, key="b"))
+                await inside.wait()
+                await ctx.step(quick, key="a")
+
+        run, attempt = await claimed_attempt(client, registry, "two", "t1", 30)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt.execute)
+            await poll(lambda: _journaled_step(client.store, "t1", "a"))
+            clock.advance(31)  # the database's lease ran out; another worker takes the run
+            assert await client.store.recover_stale("t1", run.epoch)
+            [newer] = await client.store.claim("worker-b", 30, 1)
+            done_a.set()  # step a's completion is refused: the attempt learns it lost
+            await poll(lambda: attempt.lease.lost is not None)
+            assert anyio.current_time() < attempt.lease.deadline  # locally, it still holds
+            go.set()
+        assert outcome == {"check": "refused", "http": "refused"}
+        assert server.seen("/after-the-refusal") == []
+        final = await client.get("t1")
+        assert final.state is RunState.RUNNING and final.epoch == newer.epoch
+
+
+async def test_assert_still_mine_judges_the_lease_by_the_database_s_clock(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """Nobody took the run over yet, and locally the lease holds; but in the database it
+    ran out (a worker stalled, its renewals late): ``assert_still_mine`` says it is not
+    this attempt's any more, before the step acts on it."""
+    clock = FakeClock()
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    inside, go = anyio.Event(), anyio.Event()
+    outcome: list[str] = []
+    async with durable.Client.connect(url, registry=registry, clock=clock) as client:
+
+        @durable.activity(registry=registry)
+        async def careful(ctx: durable.ActivityContext) -> None:
+            with anyio.CancelScope(shield=True):
+                inside.set()
+                await go.wait()
+                try:
+                    await ctx.assert_still_mine()
+                    outcome.append("mine")
+                except durable.LeaseLostError:
+                    outcome.append("refused")
+
+        @durable.workflow("careful", registry=registry)
+        async def wf(ctx: durable.WorkflowContext) -> None:
+            await careful(ctx)
+
+        run, attempt = await claimed_attempt(client, registry, "careful", "c1", 30)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt.execute)
+            await inside.wait()
+            clock.advance(31)  # the database's lease ran out; the local deadline did not
+            go.set()
+        assert outcome == ["refused"]
+        current = await client.store.get_run("c1")  # as stored: a client's read recovers it
+        assert current is not None and current.state is RunState.RUNNING
+        assert current.epoch == run.epoch  # nobody took it: the refusal was the clock's
+
+
+async def _journaled_step(store: Any, run_id: str, key: str) -> bool:
+    return any(e.kind is EntryKind.STEP_STARTED and e.step_key == key
+               for e in await store.journal(run_id))
 
 
 async def test_lease_lost_inside_a_task_group_stops_the_attempt_not_the_worker(
