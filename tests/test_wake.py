@@ -49,7 +49,8 @@ async def opened(url: str) -> AsyncIterator[Store]:
 @asynccontextmanager
 async def worker_on(store: Store, registry: durable.Registry,
                     **options: Any) -> AsyncIterator[durable.Worker]:
-    worker = durable.Worker(store, registry=registry, poll_interval=LONG, **options)
+    options.setdefault("poll_interval", LONG)
+    worker = durable.Worker(store, registry=registry, **options)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         try:
@@ -150,11 +151,12 @@ async def test_a_lost_signal_ends_in_the_fallback_poll(
 
 
 async def _cancel_a_hanging_request(server: LoopbackServer, client_store: Store,
-                                    worker_store: Store,
-                                    registry: durable.Registry) -> durable.Run:
+                                    worker_store: Store, registry: durable.Registry,
+                                    renew_every: float = 50.0, poll: float = LONG
+                                    ) -> durable.Run:
     """A run whose step hangs in ``ctx.http.get``, on a worker with a 60 s lease renewed
-    every 50 s; the client cancels once the server saw the request; the server must see
-    the connection close (within BOUND: no renewal can carry the cancel)."""
+    every ``renew_every`` s (50: within BOUND, no renewal can carry the cancel); the client
+    cancels once the server saw the request; the server must see the connection close."""
     server.on("/hang", Rule(hang=True))
 
     @durable.activity(registry=registry)
@@ -166,7 +168,8 @@ async def _cancel_a_hanging_request(server: LoopbackServer, client_store: Store,
         await call(ctx)
 
     client = durable.Client(client_store, registry=registry)
-    async with worker_on(worker_store, registry, lease=LONG, heartbeat_interval=50.0):
+    async with worker_on(worker_store, registry, lease=LONG, heartbeat_interval=renew_every,
+                         poll_interval=poll):
         with anyio.fail_after(BOUND):
             run = await client.start("wake.hang", id="h")
             await server.wait_for(lambda: bool(server.seen("/hang")), timeout=BOUND)
@@ -192,6 +195,20 @@ async def test_in_process_cancel_reaches_the_attempt_by_the_hub(
     async with loopback_server() as server, opened(url) as store:
         store.pushes_changes = False  # type: ignore[misc]
         done = await _cancel_a_hanging_request(server, store, store, registry)
+    assert done.state is RunState.CANCELLED
+
+
+async def test_with_no_change_signal_the_renewal_carries_the_cancel(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """The fallback: the worker's store gives no change signal and the operator's client
+    is on another store object (no hub in common), so only the cancel flag in the answer to
+    a renewal (every 0.2 s here) can stop the request in flight. (The worker finds the run
+    by its poll, every 0.2 s: a claim's poll reads no cancel flags.)"""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    async with loopback_server() as server, opened(url) as mine, opened(url) as theirs:
+        theirs.pushes_changes = False  # type: ignore[misc]
+        done = await _cancel_a_hanging_request(server, mine, theirs, registry,
+                                               renew_every=0.2, poll=0.2)
     assert done.state is RunState.CANCELLED
 
 
