@@ -436,11 +436,16 @@ class Steps:
             log = attempt.log.bind(step=view.number, signal=name)
             while True:
                 after = self.history.signals_consumed.get(name, 0)
-                # the clock first, then the look: a timeout then means that no signal had
-                # been recorded when the clock read past the deadline (the other order
-                # times out on a signal committed between a late look and the clock)
-                now = None if until is None else await store.now()
                 seen, signal = await store.next_signal(self.run_id, name, after)
+                left = None
+                if signal is None and until is not None:
+                    left = until - await store.now()
+                    if left <= 0:
+                        # past the deadline: look once more, after the clock read, so a
+                        # timeout means that no signal had been recorded when the clock read
+                        # past it (one committed while the process stood still between the
+                        # first look and the clock read would be timed out otherwise)
+                        seen, signal = await store.next_signal(self.run_id, name, after)
                 if signal is not None:
                     await attempt.write([JournalWrite(
                         EntryKind.SIGNAL_RECEIVED, view.number, view.key, "durable.wait_for",
@@ -451,7 +456,6 @@ class Steps:
                         StepState.COMPLETED, signal.payload, True)
                     log.info("signal_received", seq=signal.seq)  # never the payload
                     return signal.payload
-                left = None if until is None or now is None else until - now
                 if left is not None and left <= 0:
                     await attempt.write([JournalWrite(
                         EntryKind.SIGNAL_TIMEOUT, view.number, view.key, "durable.wait_for",

@@ -33,11 +33,12 @@ def test_every_mutant_applies_once_and_names_tests_that_exist() -> None:
 
 def test_a_mutant_is_killed_and_the_checkout_is_left_as_it_was() -> None:
     before = (ROOT / "durable" / "_steps.py").read_text()
-    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "the look before the clock"],
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "no second look"],
                           cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("KILLED   wait_for: the look before the clock read"), done
+    assert done.stdout.startswith("KILLED   wait_for: no second look once the clock read "
+                                  "past the deadline"), done
     assert done.stdout.strip().endswith("1 of 1 mutants killed")
     assert (ROOT / "durable" / "_steps.py").read_text() == before
 
@@ -45,8 +46,8 @@ def test_a_mutant_is_killed_and_the_checkout_is_left_as_it_was() -> None:
 def test_a_change_no_test_sees_survives(tmp_path: Path) -> None:
     m = _module()
     harmless = {"name": "a comment", "file": "durable/_steps.py",
-                "old": "# the clock first, then the look",
-                "new": "# the clock first, and then the look",
+                "old": "# past the deadline: look once more, after the clock read",
+                "new": "# past the deadline: look again, after the clock read",
                 "tests": ["tests/test_signals.py", "-k", "look_was_late"]}
     verdict, detail = m.run(harmless)
     assert verdict == "survived" and "passed" in detail, detail
