@@ -480,13 +480,18 @@ class Torture:
 
     async def guarded(self, action: Awaitable[None]) -> None:
         """Run one of this script's actions; a write of its own that the database refused
-        is counted (a full disk) or reported (locked out), not fatal."""
+        is counted (a full disk, a connection terminated) or reported (locked out), not
+        fatal."""
         try:
             await action
         except durable.StoreError as exc:
             if self.backend == "sqlite" and "database is locked" in str(exc):
                 # this script's own write waited out the busy timeout
                 self.lockouts.append(self.lock_report(str(exc)))
+            elif self.backend == "postgres" and isinstance(exc, durable.StoreUnavailableError):
+                # its own connections are terminated with the workers' (pg_terminate): a
+                # read is sent once more on another connection, and both can be cut
+                self.counts["script actions cut by a terminated connection"] += 1
             elif self.full_until is None:
                 raise
             else:  # its own write (a start, cancel, replay, decision) on the full disk

@@ -62,6 +62,7 @@ def test_a_small_torture_run_passes_every_check(backend: str, tmp_path: Path,
             done.stderr):
         pytest.skip(done.stderr.strip().splitlines()[-1])  # a tmpfs needs root
     assert done.stdout.startswith(f"torture: seed {SEED} (replay with --seed {SEED})"), done
+    assert report_file.exists(), f"no report: {done.stdout}\n{done.stderr[-3000:]}"
     report = json.loads(report_file.read_text())
     failed = [c for c in report["checks"] if not c["ok"]]
     assert not failed, f"{done.stdout}\n{done.stderr[-3000:]}"
