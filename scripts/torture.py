@@ -488,9 +488,11 @@ class Torture:
             if self.backend == "sqlite" and "database is locked" in str(exc):
                 # this script's own write waited out the busy timeout
                 self.lockouts.append(self.lock_report(str(exc)))
-            elif self.backend == "postgres" and isinstance(exc, durable.StoreUnavailableError):
+            elif (self.backend == "postgres" and self.full_until is None
+                  and isinstance(exc, durable.StoreUnavailableError)):
                 # its own connections are terminated with the workers' (pg_terminate): a
-                # read is sent once more on another connection, and both can be cut
+                # read is sent once more on another connection, and both can be cut (while
+                # the disk is full, a refusal is counted as the full disk's, below)
                 self.counts["script actions cut by a terminated connection"] += 1
             elif self.full_until is None:
                 raise
