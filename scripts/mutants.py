@@ -3,6 +3,7 @@
     python scripts/mutants.py                 # every mutant in scripts/mutants.json (about 5 min)
     python scripts/mutants.py --only NAME     # one (a substring of its name)
     python scripts/mutants.py --list          # the mutants and the tests meant to kill them
+    python scripts/mutants.py --file FILE     # candidates kept in another file of this shape
 
 Each mutant takes one guard out of the code (a fence's lease check in a statement, a
 renewal's cancel flag, the clock read before a signal's look, ...): one exact piece of
@@ -40,8 +41,19 @@ TIMEOUT = 900.0
 """Seconds one mutant's tests may take (a survivor runs them all)."""
 
 
+FIELDS = ("name", "file", "old", "new", "tests")
+
+
 def load(path: Path = MUTANTS) -> list[dict[str, Any]]:
-    return list(json.loads(path.read_text())["mutants"])
+    """The mutants of ``path``; ValueError naming what is wrong with it."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("mutants"), list):
+        raise ValueError('it is not an object with a list "mutants"')
+    for i, m in enumerate(data["mutants"]):
+        missing = [f for f in FIELDS if not isinstance(m, dict) or f not in m]
+        if missing:
+            raise ValueError(f"mutant {i + 1} has no {', '.join(missing)}")
+    return list(data["mutants"])
 
 
 def applies(mutant: dict[str, Any], root: Path = ROOT) -> str | None:
@@ -85,7 +97,11 @@ def run(mutant: dict[str, Any]) -> tuple[str, str]:
     if done.returncode == 0:
         return "survived", last
     if done.returncode in (1, 3):  # tests failed (or errored), as a mutant should make them
-        return "killed", last
+        # which test killed it: a kill by a test that has nothing to do with the guard
+        # (a flaky one) is worth a look
+        failed = [line.split(" - ")[0] for line in lines
+                  if line.startswith(("FAILED ", "ERROR "))]
+        return "killed", f"{last}; {failed[0]}" if failed else last
     return "stale", f"pytest could not run the tests (exit {done.returncode}): {last}"
 
 
@@ -98,8 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", metavar="NAME", help="the mutants whose name contains NAME")
     parser.add_argument("--list", action="store_true", help="list them and exit")
+    parser.add_argument("--file", type=Path, default=MUTANTS,
+                        help="the mutants' file (default: scripts/mutants.json)")
     args = parser.parse_args(argv)
-    mutants = load()
+    try:
+        mutants = load(args.file)
+    except (OSError, ValueError) as e:
+        parser.error(f"cannot read the mutants of {args.file}: {e}")
     if args.only is not None:
         mutants = [m for m in mutants if args.only in m["name"]]
         if not mutants:

@@ -61,3 +61,21 @@ def test_bad_arguments_are_one_line_and_exit_2() -> None:
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == ("mutants.py: no mutant's name contains 'no such mutant' "
                                    "(see --list)")
+
+
+def test_candidates_in_another_file_run_and_a_bad_file_is_one_line(tmp_path: Path) -> None:
+    candidates = tmp_path / "candidates.json"
+    candidates.write_text('{"mutants": [{"name": "a comment", "file": "durable/_steps.py", '
+                          '"old": "# past the deadline: look once more, after the clock read", '
+                          '"new": "# past the deadline: look again", "tests": '
+                          '["tests/test_signals.py", "-k", "look_was_late and asyncio"]}]}')
+    done = subprocess.run([sys.executable, str(SCRIPT), "--file", str(candidates), "--list"],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("a comment  [durable/_steps.py]")
+    candidates.write_text('{"mutants": [{"name": "half a mutant", "file": "durable/_steps.py"}]}')
+    done = subprocess.run([sys.executable, str(SCRIPT), "--file", str(candidates)], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == (f"mutants.py: cannot read the mutants of {candidates}: "
+                                   "mutant 1 has no old, new, tests")
