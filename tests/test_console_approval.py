@@ -8,9 +8,11 @@ who approved (the signal's origin, journaled).
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 import durable
+from durable._types import Signal
 
 from .helpers import poll, running_worker
 from .test_console_http import TOKEN, _csrf, console
@@ -116,3 +118,43 @@ async def test_a_run_without_a_plan_has_no_approve_action(
         refused = await http.post("/api/runs/gate-3/approve", json={},
                                   headers={"Authorization": f"Bearer {TOKEN}"})
         assert refused.status_code == 409 and "no plan" in refused.json()["error"]
+
+
+async def test_two_approve_clicks_at_once_are_one_decision(
+        client: durable.Client, gated_registry: durable.Registry) -> None:
+    """Two approvals of the same plan sent at once from the console (a double click, two
+    tabs) both find the plan waiting; the console's decision id makes them one signal, so
+    no spare approval is left behind for a plan asked again later."""
+    await client.start("t.approved", "db-44", id="gate-4")
+    async with running_worker(client, gated_registry):
+        await _waiting(client, "gate-4")
+    store = client.store
+    read_signals = store.list_signals
+    arrived: list[str] = []
+    both = anyio.Event()
+
+    async def list_signals(run_id: str) -> list[Signal]:
+        found = await read_signals(run_id)
+        arrived.append(run_id)
+        if len(arrived) == 2:
+            both.set()
+        with anyio.fail_after(10):
+            await both.wait()  # each has seen the plan waiting before either sends
+        return found
+
+    async with console(client, token=TOKEN) as http:
+        async def approve() -> None:
+            answer = await http.post("/api/runs/gate-4/approve", json={"note": "go"},
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+            assert answer.status_code == 200, answer.text
+
+        store.list_signals = list_signals  # type: ignore[method-assign]
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(approve)
+                tg.start_soon(approve)
+        finally:
+            del store.list_signals  # type: ignore[method-assign]
+    assert arrived == ["gate-4", "gate-4"]
+    approvals = [s for s in await store.list_signals("gate-4") if s.name == "approve"]
+    assert len(approvals) == 1 and approvals[0].signal_id == "console-approve"

@@ -276,6 +276,30 @@ async def test_actions_need_the_token_and_the_csrf_value(
         assert "cancelled before it started" in after
 
 
+async def test_a_form_post_from_an_opaque_or_another_site_s_page_is_refused(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    """A browser's form post carries its page's Origin; a sandboxed page or a privacy
+    setting sends ``Origin: null``, and some send only a Referer. Neither is taken for the
+    console's own page: with no Origin the Referer must name the console, and ``null`` with
+    no Referer is refused, whatever token and CSRF value the form holds."""
+    await client.start("t.ok", "slot-7", id="ok-7", delay=3600)
+    async with console(client, token=TOKEN) as http:
+        csrf = _csrf((await http.get("/runs/ok-7")).text)
+        form = {"csrf": csrf, "token": TOKEN}
+        own = str(http.base_url).rstrip("/")
+        for headers in ({"Origin": "null"},
+                        {"Referer": "http://evil.example/page"},
+                        {"Origin": "null", "Referer": "http://evil.example/page"}):
+            refused = await http.post("/runs/ok-7/cancel", data=form, headers=headers)
+            assert refused.status_code == 403, headers
+            assert "another site" in refused.text
+            assert (await client.get("ok-7")).state is durable.RunState.QUEUED
+        done = await http.post("/runs/ok-7/cancel", data=form,
+                               headers={"Origin": "null", "Referer": f"{own}/runs/ok-7"})
+        assert done.status_code == 303
+    assert (await client.get("ok-7")).state is durable.RunState.CANCELLED
+
+
 async def test_replay_from_the_console_and_the_api(
         client: durable.Client, flow_registry: durable.Registry) -> None:
     async with running_worker(client, flow_registry):

@@ -6,14 +6,18 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import durable
 from durable import RunState
 
 from .helpers import kinds, poll, running_worker
+from .pg import TRIO_SKIP, pg_url, postgres_server
 
 pytestmark = pytest.mark.anyio
+
+__all__ = ["pg_url", "postgres_server"]  # PostgreSQL's fixtures (tests/pg.py)
 
 
 def _define(registry: durable.Registry, executed: list[str], fail_at: set[str],
@@ -278,3 +282,48 @@ async def test_a_keyed_step_is_what_its_key_names_whatever_its_arguments(
         run = await client.wait("keyed")
     assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, "sent", 2), run
     assert sent == ["report as of attempt 1"]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_db(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
+    """The store URL of each kind: SQLite, and PostgreSQL (asyncio only) if it is up."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'replayed.db'}"
+    if anyio_backend == "trio":
+        pytest.skip(TRIO_SKIP)
+    return str(request.getfixturevalue("pg_url"))
+
+
+async def test_a_run_cancelled_while_running_replays_to_its_end(
+        any_db: str, registry: durable.Registry) -> None:
+    """A replay clears the cancel the operator asked of the run's last attempt: the new
+    attempt runs (it is not handed that old cancel, which would end it cancelled again
+    without running anything)."""
+    entered = anyio.Event()
+    calls: list[int] = []
+
+    @durable.activity("c.hold", registry=registry)
+    async def hold(ctx: durable.ActivityContext) -> str:
+        calls.append(len(calls) + 1)
+        if len(calls) == 1:
+            entered.set()
+            await anyio.sleep_forever()
+        return "held"
+
+    @durable.workflow("c.flow", registry=registry)
+    async def flow(ctx: durable.WorkflowContext) -> str:
+        return str(await hold(ctx))
+
+    async with durable.Client.connect(any_db, registry=registry) as client, \
+            running_worker(client, registry):
+        await client.start("c.flow", id="cr")
+        with anyio.fail_after(10):
+            await entered.wait()
+        await client.cancel("cr")
+        cancelled = await client.wait("cr")
+        assert cancelled.state is RunState.CANCELLED
+        assert "run_cancel_requested" in kinds(await client.journal("cr"))
+        await client.replay("cr")
+        done = await client.wait("cr")
+    assert done.state is RunState.COMPLETED and done.result == "held"
+    assert calls == [1, 2] and not done.cancel_requested
