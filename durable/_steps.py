@@ -9,7 +9,8 @@ The guarantees that live here:
   concurrent steps get each other's results after a resume.
 - **Tries.** ``RetryPolicy.max_tries`` bounds a step's tries across the run's attempts. A
   step whose worker died (or lost its lease) each time it ran ends the run with a message
-  saying so.
+  saying so; an ``on_doubt="fail"`` step is left in doubt instead (its last try's outcome is
+  unknown), so that only a replay with ``--rerun-in-doubt`` runs it again.
 - **Results.** A result that cannot be journaled fails the step at once (never retried:
   the side effect happened). A completion of an ``on_doubt="fail"`` step is committed
   before the workflow goes on; an idempotent step's completion rides on the next write.
@@ -582,8 +583,10 @@ class Steps:
                         return await self._complete_from_lookup(act, view, found,
                                                                 accepted=False)
                     settled = True  # it did not take effect: running it is safe
-            if not settled and view.tries_used >= act.retry.max_tries:
-                await self._poison(act, view)
+            # before the tries are counted: a step whose outcome is unknown stays in doubt
+            # whatever tries it has left. Failed as out of tries instead, it would be run
+            # again by a plain replay (which runs failed steps), although it may have taken
+            # effect; in doubt, only --rerun-in-doubt runs it
             if not settled and act.on_doubt == "fail":
                 err = StepInDoubtError(
                     f"step {view.number} ({act.name}) was started by an earlier attempt and "

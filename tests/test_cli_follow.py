@@ -8,6 +8,7 @@ no colour); on a pseudo-terminal a batch run's progress bar is redrawn in place.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -23,9 +24,11 @@ import pytest
 
 import durable
 from durable import RunState
+from durable._follow import Follower
+from durable.store._sqlite import SqliteStore
 
 from .conftest import ROOT, subprocess_env
-from .helpers import running_worker
+from .helpers import poll, running_worker
 from .test_cli import assert_one_line_error, cli
 
 pytestmark = pytest.mark.anyio
@@ -297,3 +300,52 @@ def test_follow_refuses_json_and_step_with_one_line(tmp_path: Any) -> None:
 
 def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+class _OutageStore(SqliteStore):
+    """Its first journal read after the follower's first raises StoreUnavailableError
+    whose text holds the database's password (a driver's message quoting its URL)."""
+
+    failed = False
+
+    async def journal(self, run_id: str, *args: Any, **kw: Any) -> Any:
+        if kw.get("after") is not None and not self.failed:
+            self.failed = True
+            raise durable.StoreUnavailableError(
+                f"cannot reach postgresql://app:{PASSWORD}@db.internal/runs")
+        return await super().journal(run_id, *args, **kw)
+
+
+PASSWORD = "pw-9c1e-secret"
+
+
+async def test_a_store_that_cannot_be_read_is_said_without_its_credentials(
+        tmp_path: Any) -> None:
+    store = _OutageStore(str(tmp_path / "d.db"))
+    registry = durable.Registry()
+
+    @durable.activity("follow.note", registry=registry)
+    async def note(ctx: durable.ActivityContext) -> str:
+        return "noted"
+
+    @durable.workflow("follow.outage", registry=registry)
+    async def outage(ctx: durable.WorkflowContext) -> str:
+        return await note(ctx)
+
+    await store.open()
+    try:
+        client = durable.Client(store, registry=registry)
+        await client.start("follow.outage", id="o")
+        out = io.StringIO()
+        follower = Follower(client, "o", out, width=100, color=False, tty=False, poll=0.01)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follower.run)
+            await poll(lambda: store.failed)
+            async with running_worker(client, registry):
+                await client.wait("o", timeout=10)
+            await poll(lambda: "run o completed" in out.getvalue())
+    finally:
+        await store.aclose()
+    text = out.getvalue()
+    assert "the store cannot be read" in text and "app:[redacted]@db.internal" in text, text
+    assert PASSWORD not in text

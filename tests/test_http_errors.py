@@ -7,6 +7,8 @@ import json
 import socket
 from pathlib import Path
 
+import anyio
+import anyio.abc
 import httpx
 import pytest
 
@@ -91,3 +93,27 @@ async def test_outside_a_workflow_and_through_the_operations_transport(
                            "ConnectError: cannot connect: "), text
     assert text.count("/api/v1/databases") == 1, text  # the request, said once
     assert SECRET_TOKEN not in str(caught.value)
+
+
+async def test_a_transport_error_that_quotes_the_service_is_redacted_when_raised() -> None:
+    """A protocol error quotes what the service sent (h11: ``illegal header line: ...``):
+    the error ``ctx.http`` raises is redacted already, so workflow code that keeps or logs
+    its text in its own way holds no credential."""
+    async def answer(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            await stream.send(f"HTTP/1.1 200 OK\r\nX-Upstream token={SECRET_TOKEN}\r\n"
+                              "\r\n".encode())
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, answer)
+        ctx = durable.ActivityContext.standalone()
+        async with ctx.http:
+            with pytest.raises(httpx.RemoteProtocolError) as caught:
+                await ctx.http.get(f"http://127.0.0.1:{port}/x")
+        tg.cancel_scope.cancel()
+    text = str(caught.value)
+    assert text.startswith(f"GET http://127.0.0.1:{port}/x: illegal header line"), text
+    assert SECRET_TOKEN not in text and "token=[redacted]" in text, text

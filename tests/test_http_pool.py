@@ -22,7 +22,7 @@ from durable._pool import SHARD_SIZE, WorkerTransport
 from durable._worker import Worker
 
 from .conftest import ROOT, subprocess_env
-from .helpers import poll, python_process, running_worker
+from .helpers import poll, python_process, running_worker, tcp_queues
 from .httpserver import Rule, loopback_server
 
 pytestmark = pytest.mark.anyio
@@ -337,3 +337,50 @@ async def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
         assert (await client.get(f"http://127.0.0.1:{port}/b")).text == "ok"
         assert connections == 2
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("name", ["127.0.0.1", "localhost"])
+async def test_a_cancelled_request_on_its_way_is_dropped_whatever_the_host_is_named(
+        name: str) -> None:
+    """The pool's direct connect (an IP address) and httpcore's own (a host name) both
+    close a connection whose bytes are not yet acknowledged with a reset: a request lying
+    whole in the kernel's send queue when its caller is cancelled never reaches the
+    service later (tests/test_cancellation.py shows it for a run's cancel)."""
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("Linux: /proc/net/tcp")
+    body = b"x" * 65536
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's least
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        service = listener.getsockname()
+        transport = WorkerTransport(4)
+        request = anyio.CancelScope()
+
+        async def delete() -> None:
+            with request:
+                await client.request("DELETE", f"http://{name}:{service[1]}/volumes/v1",
+                                     content=body)
+
+        async with httpx.AsyncClient(transport=transport) as client, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(delete)
+            with anyio.fail_after(10):
+                await anyio.wait_readable(listener)
+            conn, peer = listener.accept()
+            with conn:
+                def whole_request_on_its_way() -> bool:
+                    queues = tcp_queues(peer, service)
+                    try:
+                        head = conn.recv(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        return False
+                    if queues is None or b"\r\n\r\n" not in head:
+                        return False
+                    total = head.index(b"\r\n\r\n") + 4 + len(body)
+                    return queues[0] > 0 and queues[0] + len(head) == total
+
+                await poll(whole_request_on_its_way)
+                request.cancel()  # the caller's timeout, or a cancel
+                await poll(lambda: tcp_queues(peer, service) is None, timeout=5)

@@ -188,6 +188,17 @@ def test_fields_and_tracebacks_are_redacted_before_any_handler(
     assert fields["url"] == "https://h/?api_key=[redacted]" and fields["step"] == 2
 
 
+@pytest.mark.parametrize("name", ["cookie", "set_cookie", "Set-Cookie", "client_secret",
+                                  "db_passwd", "credentials", "x_api_key", "headers"])
+def test_a_field_named_for_a_credential_is_blanked_whatever_its_value(
+        durable_output: io.StringIO, name: str) -> None:
+    """A value no pattern recognises (a bare session id, a raw key) is kept out by its
+    field's name alone."""
+    get_logger("durable.probe").warning("probe", **{name: "sid-7f3a9c", "step": 1})
+    out = durable_output.getvalue()
+    assert "sid-7f3a9c" not in out and f"{name}=[redacted]" in out, out
+
+
 def test_disabled_levels_cost_no_record(durable_output: io.StringIO) -> None:
     logging.getLogger("durable").setLevel(logging.INFO)
     get_logger("durable.probe").debug("probe_debug", step=1)

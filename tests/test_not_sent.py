@@ -20,7 +20,7 @@ import pytest
 
 import durable
 from durable import EntryKind, RunState
-from durable._types import Fence, JournalWrite
+from durable._types import Fence, JournalWrite, NewRun
 from durable.store._sqlite import SqliteStore
 
 from .helpers import running_worker
@@ -111,3 +111,39 @@ async def test_a_write_whose_outcome_is_unknown_stops_the_attempt(tmp_path: Path
     assert run.state is RunState.RUNNING  # left to recovery, on its lease
     assert calls == []  # its step_started write failed: the step never ran
     assert EntryKind.STEP_STARTED.value not in kinds
+
+
+class UnsentStartStore(SqliteStore):
+    """Its first ``create_run`` raises :class:`durable.NotSentError` without touching the
+    file (as a pool starved at that write would), and counts every call."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.creates = 0
+
+    async def create_run(self, new: NewRun) -> tuple[durable.Run, bool]:
+        self.creates += 1
+        if self.creates == 1:
+            raise durable.NotSentError("no connection could be had within the pool timeout")
+        return await super().create_run(new)
+
+
+async def test_a_client_write_that_was_not_sent_is_not_sent_again_but_said(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A lost answer is read back or sent again (``answered``); a write known not to have
+    been sent is neither: the caller gets :class:`durable.NotSentError` (nothing happened,
+    it may start the run again), and no outcome-unknown warning is logged."""
+    store = UnsentStartStore(str(tmp_path / "d.db"))
+    registry = durable.Registry()
+    workflow_once(registry, [])
+    await store.open()
+    try:
+        client = durable.Client(store, registry=registry)
+        with caplog.at_level("WARNING", logger="durable"), \
+                pytest.raises(durable.NotSentError):
+            await client.start("ns.flow", id="r1")
+        assert store.creates == 1  # not sent again
+        assert await store.get_run("r1") is None
+        assert "start_outcome_unknown" not in caplog.text
+    finally:
+        await store.aclose()

@@ -151,6 +151,34 @@ async def test_a_cancelled_block_kills_the_group_before_the_cancel_goes_on() -> 
     assert process.returncode == -9  # SIGKILLed, and reaped before the block ended
 
 
+async def test_a_cancelled_block_resets_its_programs_connections_with_bytes_on_their_way(
+        tmp_path: Path) -> None:
+    """A cancel (an operator's, a step's timeout) that ends the block while the program's
+    request lies whole in the kernel's send queue: the group is aborted, so the service
+    gets a reset, never the whole request. A plain kill at the end of the block (the
+    reap's) would leave those bytes to the kernel, which goes on sending them."""
+    script = tmp_path / "client.py"
+    script.write_text(PROGRAM.replace("{length}", str(REQUEST)))
+    with _listener(small=True) as service, _listener(small=False) as other:
+        with anyio.CancelScope() as scope:
+            async with durable.process_group(
+                    [sys.executable, str(script), str(service.getsockname()[1]),
+                     str(other.getsockname()[1])], stderr=None) as process:
+                with anyio.fail_after(20):  # the program connects first thing
+                    await anyio.wait_readable(service)
+                stuck, _ = service.accept()
+                idle, _ = other.accept()
+                assert process.stdout is not None
+                ports = (await _line(process.stdout)).split()  # once it has written
+                await poll(lambda: _whole_request_written(stuck, int(ports[0])))
+                scope.cancel()
+                await process.wait()
+        assert process.returncode == -9
+        with stuck, idle:
+            ended, received = await _end(stuck, REQUEST)
+            assert (ended, received < REQUEST) == ("reset", True), (ended, received)
+
+
 async def test_a_program_not_found_is_said_before_anything_runs() -> None:
     with pytest.raises(FileNotFoundError, match="no-such-program"):
         async with durable.process_group(["no-such-program"]):

@@ -332,3 +332,198 @@ async def test_an_on_doubt_fail_completion_is_committed_before_the_workflow_goes
         await client.start("order", id="o")
         assert (await client.wait("o")).state is RunState.COMPLETED
     assert seen["once"] == ["once"]
+
+
+async def test_a_step_whose_tries_ran_out_is_not_run_again_though_its_lookup_says_not_done(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """The lookup settles the doubt (the step did not take effect), but not the budget:
+    the worker died in each of its ``max_tries`` tries, so running it again could kill the
+    next worker too. The run fails, saying so, and the activity never runs."""
+    creates: list[str] = []
+
+    @durable.activity("repo.create", registry=registry, retry=durable.RetryPolicy(max_tries=1))
+    async def create(ctx: durable.ActivityContext, name: str) -> int:
+        creates.append(name)
+        return 1
+
+    @create.lookup
+    async def find_repo(ctx: durable.ActivityContext, name: str) -> Any:
+        return durable.NOT_DONE
+
+    @durable.workflow("promote", registry=registry)
+    async def promote(ctx: durable.WorkflowContext, name: str) -> int:
+        return await create(ctx, name)
+
+    await client.start("promote", "starter", id="p")
+    await _in_doubt_run(client, "p", "repo.create", ["starter"])
+    async with running_worker(client, registry):
+        run = await client.wait("p", timeout=10)
+    assert run.state is RunState.FAILED
+    assert run.error is not None and "max_tries=1" in run.error, run.error
+    assert creates == []
+
+
+async def test_an_accepted_step_whose_lookup_finds_it_not_done_is_neither_counted_nor_run(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """An operator accepted the step as done, but its lookup finds it did not take effect:
+    the run fails saying so (replay with --rerun-in-doubt to run it); the step is neither
+    completed with a made-up result nor run."""
+    creates: list[str] = []
+    answer = {"lookup": "unreachable"}
+
+    @durable.activity("repo.create", registry=registry, on_doubt="fail")
+    async def create(ctx: durable.ActivityContext, name: str) -> int:
+        creates.append(name)
+        return 1
+
+    @create.lookup
+    async def find_repo(ctx: durable.ActivityContext, name: str) -> Any:
+        if answer["lookup"] == "unreachable":
+            raise RuntimeError("the git host is unreachable")  # stays in doubt
+        return durable.NOT_DONE
+
+    @durable.workflow("promote", registry=registry)
+    async def promote(ctx: durable.WorkflowContext, name: str) -> int:
+        return await create(ctx, name)
+
+    await client.start("promote", "starter", id="a")
+    await _in_doubt_run(client, "a", "repo.create", ["starter"])
+    async with running_worker(client, registry):
+        assert (await client.wait("a", timeout=10)).state is RunState.FAILED
+        answer["lookup"] = "not done"
+        await client.replay("a", in_doubt="accept")
+        run = await client.wait("a", timeout=10)
+    assert run.state is RunState.FAILED
+    assert run.error is not None and "did not take effect" in run.error, run.error
+    assert "--rerun-in-doubt" in run.error
+    assert creates == []
+    assert not [e for e in await client.journal("a")
+                if e.kind is EntryKind.STEP_COMPLETED and e.step == 1]
+
+
+async def test_a_step_key_used_twice_fails_the_run_instead_of_reusing_a_result(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """Two calls with one key would be one step: the second would get the first's
+    journaled result without running. The second call fails the run, naming the key."""
+    calls: list[str] = []
+
+    @durable.activity("volume.delete", registry=registry)
+    async def delete(ctx: durable.ActivityContext, volume: str) -> str:
+        calls.append(volume)
+        return f"deleted {volume}"
+
+    @durable.workflow("teardown", registry=registry)
+    async def teardown(ctx: durable.WorkflowContext) -> list[str]:
+        return [await ctx.step(delete, volume, key="volume") for volume in ("v1", "v2")]
+
+    await client.start("teardown", id="t")
+    async with running_worker(client, registry):
+        run = await client.wait("t", timeout=10)
+    assert run.state is RunState.FAILED, run.result
+    assert run.error is not None and "'volume' is used twice" in run.error, run.error
+    assert calls == ["v1"]
+
+
+class _Busy(Exception):
+    """A 429 whose Retry-After asks for an hour."""
+
+    retry_after = 3600.0
+
+
+async def test_a_retry_after_longer_than_max_delay_waits_only_max_delay(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """``RetryPolicy.max_delay`` bounds every delay, the one a server asks for too."""
+    tries: list[int] = []
+
+    @durable.activity("notify", registry=registry,
+                      retry=durable.RetryPolicy(max_tries=2, max_delay=0.05))
+    async def notify(ctx: durable.ActivityContext) -> str:
+        tries.append(ctx.try_number)
+        if ctx.try_number == 1:
+            raise _Busy("429 Too Many Requests")
+        return "sent"
+
+    @durable.workflow("notice", registry=registry)
+    async def notice(ctx: durable.WorkflowContext) -> str:
+        return await notify(ctx)
+
+    await client.start("notice", id="n")
+    async with running_worker(client, registry):
+        journal = await poll(lambda: _retrying(client, "n"))
+        assert journal.data["retry_in"] <= 0.05, journal.data
+        run = await client.wait("n", timeout=10)
+    assert (run.state, run.result, tries) == (RunState.COMPLETED, "sent", [1, 2])
+
+
+async def _retrying(client: durable.Client, run_id: str) -> Any:
+    entries = [e for e in await client.journal(run_id) if e.kind is EntryKind.STEP_RETRYING]
+    return entries[0] if entries else None
+
+
+async def test_a_long_retry_delay_beside_a_step_in_flight_stays_in_the_attempt(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """A retry delay long enough to release the run is waited in the attempt while another
+    step is in flight: releasing would cut that step off (in doubt, or run twice)."""
+    started, finish = anyio.Event(), anyio.Event()
+    ran: list[str] = []
+
+    @durable.activity("t.slow", registry=registry, on_doubt="fail")
+    async def slow(ctx: durable.ActivityContext) -> str:
+        ran.append("slow")
+        started.set()
+        await finish.wait()
+        return "slow"
+
+    @durable.activity("t.flaky", registry=registry,
+                      retry=durable.RetryPolicy(max_tries=2, initial_delay=0.3, jitter=0))
+    async def flaky(ctx: durable.ActivityContext) -> str:
+        ran.append(f"flaky {ctx.try_number}")
+        if ctx.try_number == 1:
+            raise RuntimeError("503")
+        return "flaky"
+
+    @durable.workflow("t.retry_beside", registry=registry)
+    async def beside(ctx: durable.WorkflowContext) -> list[str]:
+        out: list[str] = []
+
+        async def item() -> None:
+            out.append(await ctx.step(slow, key="slow"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(item)
+            await started.wait()
+            out.append(await ctx.step(flaky, key="flaky"))  # its delay is above the threshold
+        return out
+
+    async with running_worker(client, registry, durable_wait_threshold=0.2):
+        await client.start("t.retry_beside", id="rb")
+        await poll(lambda: _retrying(client, "rb"))
+        finish.set()
+        done = await client.wait("rb", timeout=10)
+    assert done.state is RunState.COMPLETED, done.error
+    assert sorted(done.result) == ["flaky", "slow"]
+    assert sorted(ran) == ["flaky 1", "flaky 2", "slow"]
+    journal = kinds(await client.store.journal("rb"))
+    assert "run_waiting" not in journal and journal.count("run_claimed") == 1
+
+
+async def test_a_failing_step_runs_exactly_max_tries_times_then_fails_the_run(
+        client: durable.Client, registry: durable.Registry) -> None:
+    tries: list[int] = []
+
+    @durable.activity("t.down", registry=registry,
+                      retry=durable.RetryPolicy(max_tries=3, initial_delay=0, jitter=0))
+    async def down(ctx: durable.ActivityContext) -> None:
+        tries.append(ctx.try_number)
+        raise RuntimeError("503 Service Unavailable")
+
+    @durable.workflow("t.always_down", registry=registry)
+    async def always_down(ctx: durable.WorkflowContext) -> None:
+        await down(ctx)
+
+    await client.start("t.always_down", id="d")
+    async with running_worker(client, registry):
+        run = await client.wait("d", timeout=10)
+    assert run.state is RunState.FAILED
+    assert run.error is not None and "failed after 3 tries" in run.error, run.error
+    assert tries == [1, 2, 3]
