@@ -404,6 +404,13 @@ class Worker:
             self._wake = anyio.Event()
             if polled.cancelled_caught:  # the poll, or a run became due: read the queue
                 self._read_owed = self._due_owed = True
+            if self._free_slots() <= 0:
+                # woken with no slot free: what woke it (a start, a change, the poll) is not
+                # read, nor when the next run is due, so the next end that frees a slot
+                # wakes the loop. Not left to _claims_after: a claim riding on that end's
+                # finish reads only runs due now, and finding none it would not wake it,
+                # leaving a run due later to the poll
+                self._wake_owed = True
 
     def _failed(self, event: str, exc: BaseException, level: int = logging.ERROR,
                 **fields: Any) -> None:

@@ -221,6 +221,75 @@ async def test_a_run_started_while_handed_over_runs_took_every_slot_is_claimed_w
             assert done.state is RunState.COMPLETED
 
 
+async def test_a_wake_owed_while_a_carried_claim_held_the_slot_is_paid_at_the_next_end(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """One slot, three runs queued before the worker starts (so nothing wakes its claim
+    loop while the slot is taken): the first run's finish carries the claim of the second
+    (it rides on the finish, durable/_claims.py), so the first's end finds no slot free and
+    owes its wake. The third is not due yet, so the second's finish carries no claim and
+    says nothing more is queued; the second's end pays the owed wake, and the claim loop,
+    woken, looks when the third is due and claims it then, not at the 60 s poll."""
+    gates = {"first": anyio.Event(), "second": anyio.Event()}
+
+    @durable.workflow("cw.held", registry=registry)
+    async def held(ctx: durable.WorkflowContext, name: str) -> str:
+        await gates[name].wait()
+        return name
+
+    @durable.workflow("cw.quick", registry=registry)
+    async def quick(ctx: durable.WorkflowContext) -> str:
+        return "quick"
+
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}", signals=False) as store:
+        claims = Claims(store)
+        client = durable.Client(store, registry=registry)
+        await client.start(held, "first", id="first")
+        await client.start(held, "second", id="second")
+        await client.start(quick, id="later", delay=3.0)
+        async with worker_on(store, registry, concurrency=1):
+            with anyio.fail_after(BOUND):
+                await running(client, "first")
+                rides = claims.rides
+                gates["first"].set()
+                await running(client, "second")
+                assert claims.rides > rides  # its claim rode on the first's finish
+                gates["second"].set()
+                assert (await client.wait("second", poll=LONG)).state is RunState.COMPLETED
+                assert (await client.get("later")).state is RunState.QUEUED  # not due yet
+                done = await client.wait("later", poll=LONG)
+            assert done.state is RunState.COMPLETED
+
+
+async def test_a_run_started_during_a_claim_that_missed_it_is_claimed_right_after(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """A start in this process wakes the worker while its claim statement is under way
+    (it ran before the run existed): that claim ends without the run, and the worker
+    claims again at once for it instead of waiting for its 60 s poll."""
+    gate = [anyio.Event()]
+    gate[0].set()
+    gated_flows(registry, gate)
+    async with opened(f"sqlite:///{tmp_path / 'w.db'}", signals=False) as store:
+        in_claim, let_go = anyio.Event(), anyio.Event()
+        claim = store.claim
+
+        async def held_claim(*args: Any, **kwargs: Any) -> list[durable.Run]:
+            runs = await claim(*args, **kwargs)
+            if not let_go.is_set():  # the worker's first claim: held after its statement
+                in_claim.set()
+                await let_go.wait()
+            return runs
+
+        store.claim = held_claim  # type: ignore[method-assign]
+        client = durable.Client(store, registry=registry)
+        async with worker_on(store, registry, interceptors=[NoRides()]):
+            with anyio.fail_after(BOUND):
+                await in_claim.wait()
+                await client.start("cw.quick", id="late")
+                let_go.set()
+                done = await client.wait("late", poll=LONG)
+            assert done.state is RunState.COMPLETED
+
+
 async def test_a_finished_run_without_a_key_claims_nothing_after_it(
         tmp_path: Path, registry: durable.Registry) -> None:
     """A chain of starts, each waited for (the in-process hub wakes the worker and hands

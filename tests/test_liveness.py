@@ -223,6 +223,24 @@ def test_the_lock_is_exclusive_within_a_process_and_probes_do_not_drop_it(
         assert not dead
 
 
+def test_a_dead_workers_file_that_a_new_process_of_its_id_holds_is_not_removed(
+        tmp_path: Path) -> None:
+    """A dead worker's file is listed as dead, then a new process of that id takes its lock
+    before the file is cleaned up: the clean-up takes the lock again first, so it leaves
+    the file of the live process (whose death it must prove later), and a third process of
+    the id is still refused."""
+    folder = tmp_path / "db-workers"
+    _liveness.hold(folder, "w3").forget()  # as a death: the file stays, unlocked
+    [name] = _liveness.dead_lock_files(folder)
+    live = _liveness.hold(folder, "w3")  # a new process of the id, on the same file
+    assert not _liveness.remove_if_dead(folder, name)
+    assert os.listdir(folder) == [name]
+    with pytest.raises(_liveness.InUseError):
+        _liveness.hold(folder, "w3", attempts=2)
+    live.release()
+    assert os.listdir(folder) == []
+
+
 def test_an_exec_child_never_holds_the_lock(tmp_path: Path) -> None:
     folder = tmp_path / "db-workers"
     lock = _liveness.hold(folder, "w2")

@@ -18,7 +18,7 @@ from durable import EntryKind, FakeClock, RunState
 from durable._report import render_timeline
 from durable._types import Fence, JournalWrite
 
-from .helpers import kinds
+from .helpers import died_in_step_one, kinds, running_worker
 
 pytestmark = pytest.mark.anyio
 LEASE = 60.0
@@ -208,3 +208,33 @@ async def test_show_prints_the_recovery_report_of_an_in_doubt_run(
     assert "in doubt: step 2 force_push: the next attempt runs it again or fails" in text
     assert "https://console.example/runs/job-1#step-2" in text
     assert "python -m durable show job-1 --step 2" in text
+
+
+async def test_a_step_in_doubt_is_not_run_again_by_a_worker_with_one_free_slot(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """A worker with one free slot claims by a read and lets the claim ride on the first
+    write (durable/_claims.py), but only for a run that never started: a run its dead
+    worker left with a step in doubt is claimed first, so its attempt judges the doubt
+    under its own epoch. A step that is not safe to repeat (on_doubt="fail") fails the run
+    and never runs again."""
+    calls: list[int] = []
+
+    @durable.activity("once.charge", registry=registry, on_doubt="fail")
+    async def charge(ctx: durable.ActivityContext) -> None:
+        calls.append(1)
+
+    @durable.workflow("once.flow", registry=registry)
+    async def flow(ctx: durable.WorkflowContext) -> None:
+        await charge(ctx)
+
+    clock = FakeClock()
+    async with durable.Client.connect(f"sqlite:///{tmp_path / 'd.db'}", clock=clock,
+                                      registry=registry) as client:
+        run = await died_in_step_one(client, "once.flow", "charged", "once.charge")
+        clock.advance(LEASE + 1)
+        assert await client.store.recover_stale(run.id, run.epoch)
+        async with running_worker(client, registry, concurrency=1):
+            done = await client.wait("charged", timeout=20)
+        journal = kinds(await client.journal("charged"))
+    assert done.state is RunState.FAILED and calls == []
+    assert "step_in_doubt" in journal and "step_completed" not in journal

@@ -19,6 +19,7 @@ import pytest
 
 import durable
 from durable import RunState, _wake
+from durable._types import NewRun
 from durable.store import Store, store_from_url
 from durable.store._sqlite import SqliteStore
 
@@ -522,3 +523,21 @@ async def test_a_worker_waits_patiently_only_with_no_free_slot(
                        and watcher._impatient == impatient, timeout=BOUND)
             release.set()
             await client.wait("held", poll=LONG)
+
+
+async def test_a_commit_while_the_watcher_thread_slept_is_not_lost_at_its_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher's thread ends once nobody waited for a while; another process commits
+    before the next wait restarts it. The restart reads its baseline after that commit, so
+    it counts one change for whatever it may have missed: the worker's wait for work
+    returns at once instead of sleeping through its 60 s fallback poll."""
+    monkeypatch.setattr(_wake, "WATCH_IDLE_STOP", 0.05)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    async with opened(url) as mine, opened(url) as theirs:
+        watcher = mine.change_watcher()
+        assert watcher is not None
+        await mine.wait_for_work(0.0)  # the first wait returns at once: changes since then
+        await poll(lambda: watcher._thread is not None and not watcher._thread.is_alive())
+        await theirs.create_run(NewRun("queued-meanwhile", "wake.sum", [], None, None))
+        with anyio.fail_after(BOUND):
+            assert await mine.wait_for_work(LONG) is None
