@@ -948,3 +948,49 @@ async def test_a_record_write_aborted_to_break_a_deadlock_is_tried_again(
     assert (run.state, run.result, run.attempt) == (RunState.COMPLETED, "written", 1), run
     retried = [r for r in caplog.records if getattr(r, "event", None) == "store_write_not_sent"]
     assert retried and "deadlock detected" in retried[0].getMessage()
+
+
+@pytest.mark.parametrize("refused", ["alone", "in_a_batch"])
+async def test_a_connection_a_read_only_server_refused_a_write_on_is_not_used_again(
+        pg_url: str, refused: str) -> None:
+    """The store's one connection is a session the server made read-only (as after a
+    failover). A write refused there (NotSentError) closes that connection, whether it went
+    alone or in a batch: once new sessions take writes again, the next write goes out on a
+    new connection and is committed, instead of being refused again on the old one. (For
+    the batch, new sessions stay read-only until it is refused: the lone write before it,
+    refused too, dropped its own connection, and the batch goes out on the next one.)"""
+    role = ReadOnlyRole(pg_url)
+    store = store_from_url(role.url, pool_size=1)
+    try:
+        await store.open()
+        for i in range(2):
+            await create(store, f"ro-{i}")
+        held = [await claim_one(store) for _ in range(2)]
+        role.read_only(True)
+        await role.end_sessions()
+        await store.now()  # the pool's connection now: a read-only session
+        if refused == "alone":
+            role.read_only(False)  # sessions opened from now on take writes
+        outcomes: list[BaseException | bool] = []
+
+        async def outcome(i: int) -> None:
+            try:
+                outcomes.append(await store.append(fence(held[i]), [STEP]))
+            except StoreError as exc:
+                outcomes.append(exc)
+
+        batches = store.batches  # type: ignore[attr-defined]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(outcome, 0)  # leads alone
+            if refused == "in_a_batch":
+                tg.start_soon(outcome, 1)  # queued meanwhile: a batch of its own
+        assert store.batches - batches == len(outcomes)  # type: ignore[attr-defined]
+        assert all(isinstance(o, NotSentError) and "read-only" in str(o)
+                   for o in outcomes), outcomes
+        role.read_only(False)
+        assert await store.append(fence(held[-1]), [STEP])
+        assert await journal_kinds(store, held[-1].id) == [
+            "run_created", "run_claimed", "step_started"]
+    finally:
+        await store.aclose()
+        role.drop()

@@ -343,6 +343,19 @@ async def test_a_cancelled_caller_whose_write_is_still_queued_sends_nothing(
     assert await pg_store.append(second, [VALUE])  # the store still leads new batches
 
 
+async def test_a_lone_write_of_a_caller_already_cancelled_sends_nothing(
+        pg_store: PostgresStore) -> None:
+    """A write that finds no batch in flight goes out alone (_alone), shielded once sent;
+    a caller cancelled before it sends nothing, and the store leads the next write."""
+    [run] = await claimed(pg_store, 1)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await pg_store.append(run, [VALUE])
+    assert scope.cancelled_caught
+    assert (pg_store.batches, pg_store.batched_writes) == (0, 0)
+    assert await journal_kinds(pg_store, run.run_id) == ["run_created", "run_claimed"]
+    assert await pg_store.append(run, [VALUE])
+
 def test_group_commit_is_on_unless_the_url_turns_it_off(pg_url: str) -> None:
     store = store_from_url(pg_url)
     assert isinstance(store, PostgresStore) and store.group_commit

@@ -7,15 +7,21 @@ compare-and-set on the version a run read.
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
 import anyio
 import pytest
 
 import durable
 import durable.testing
 from durable._clock import FakeClock
-from durable._errors import StaleRecordError
+from durable._errors import NotSentError, StaleRecordError, StoreUnavailableError
 from durable._types import EntryKind, Fence, JournalWrite, NewRun, Run, RunState
 from durable.store import Store, store_from_url
+from durable.store._sqlite import SqliteStore
+from tests.helpers import poll
 from tests.test_store_contract import (
     LEASE,
     claim_one,
@@ -293,3 +299,90 @@ async def test_tokens_of_unrelated_runs_do_not_fence_each_others_records(
     assert await store.put_records(fence(older), [("hooks", "shared", "older")])
     rec = await store.get_record("hooks", "shared")
     assert rec is not None and (rec.value, rec.epoch) == ("older", older.epoch)
+
+
+# -- 7. a write's outcome: not sent, or unknown ---------------------------------------------------
+async def test_a_write_that_waited_in_vain_for_the_write_lock_is_not_sent_and_wrote_nothing(
+        tmp_path: Path, clock: FakeClock) -> None:
+    """Another process holds SQLite's write lock for longer than a write waits for it: the
+    write's transaction never began, so it is NotSentError (to be tried again), not an
+    outcome unknown; nothing of it is in the journal, and once the lock is free it goes
+    through."""
+    path = tmp_path / "busy.db"
+    sqlite = SqliteStore(str(path), clock=clock, busy_timeout=0.05)
+    sqlite._open_wait = 0.2  # how long a write waits for the lock (30 s at least otherwise)
+    await sqlite.open()
+    try:
+        await create(sqlite, "r1")
+        run = await claim_one(sqlite)
+        entry = [JournalWrite(EntryKind.VALUE, data={"x": 1})]
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with anyio.fail_after(10), pytest.raises(NotSentError, match="locked"):
+                await sqlite.append(fence(run), entry)
+        finally:
+            holder.rollback()
+            holder.close()
+        assert "value" not in await journal_kinds(sqlite, "r1")
+        assert await sqlite.append(fence(run), entry)
+        assert (await journal_kinds(sqlite, "r1")).count("value") == 1
+    finally:
+        await sqlite.aclose()
+
+
+class TakenOverDuringTheFinish(SqliteStore):
+    """The first finish gets no answer (StoreUnavailableError, nothing of it written), and
+    meanwhile the run was recovered and completed by another attempt, whose run_completed
+    is in the journal under its own epoch."""
+
+    armed = True
+
+    async def finish(self, fence: Fence, state: RunState, *, result: durable.JSON = None,
+                     error: str | None = None, entries: Sequence[JournalWrite] = ()) -> bool:
+        if not self.armed:
+            return await super().finish(fence, state, result=result, error=error,
+                                        entries=entries)
+        self.armed = False
+        assert isinstance(self.clock, FakeClock)
+        self.clock.advance(LEASE + 1)  # the attempt's lease lapsed in the store
+        await self.recover_stale(fence.run_id, fence.epoch)
+        [other] = await self.claim("other-worker", LEASE, 1, run_id=fence.run_id)
+        assert await super().finish(Fence(other.id, other.epoch), RunState.COMPLETED,
+                                    result="theirs",
+                                    entries=[JournalWrite(EntryKind.RUN_COMPLETED)])
+        raise StoreUnavailableError("the connection was lost with the finish sent")
+
+
+async def test_a_finish_without_an_answer_is_not_confirmed_by_another_attempt_s_entry(
+        tmp_path: Path, clock: FakeClock) -> None:
+    """An attempt's finish gets no answer; the journal it reads to tell what happened holds
+    run_completed, but written by another attempt (another epoch) that completed the run
+    meanwhile. The attempt does not take that entry for its own: it says its outcome is
+    unknown, never that the run completed with its result."""
+    registry = durable.Registry()
+
+    @durable.workflow("faults.mine", registry=registry)
+    async def mine(ctx: durable.WorkflowContext) -> str:
+        return "mine"
+
+    sqlite = TakenOverDuringTheFinish(str(tmp_path / "taken.db"), clock=clock)
+    await sqlite.open()
+    client = durable.Client(sqlite, registry=registry)
+    try:
+        with durable.testing.capture_logs() as logs:
+            async with durable.testing.running_worker(client, registry=registry,
+                                                      concurrency=1):
+                await client.start("faults.mine", id="m1")
+                with anyio.fail_after(20):
+                    run = await client.wait("m1")
+                await poll(lambda: any(e["event"].startswith("conclude_")
+                                       for e in logs))
+        journal = await sqlite.journal("m1")
+    finally:
+        await sqlite.aclose()
+    assert (run.state, run.result, run.epoch) == (RunState.COMPLETED, "theirs", 2)
+    first = [e["event"] for e in logs if e.get("epoch") == 1]
+    assert "conclude_outcome_unknown" in first, first
+    assert "conclude_confirmed" not in first and "run_completed" not in first, first
+    assert [e.kind for e in journal].count(EntryKind.RUN_COMPLETED) == 1

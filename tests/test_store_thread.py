@@ -326,3 +326,113 @@ def in_database_file(path: Path) -> list[str] | None:
         return None
     finally:
         conn.close()
+
+
+async def concurrent_writes(db: DbThread, jobs: list[Callable[[sqlite3.Connection], str]]
+                            ) -> list[str | BaseException]:
+    with anyio.fail_after(10):
+        return await run_batch(db, jobs)
+
+
+async def test_a_begin_the_database_refuses_fails_every_writer_of_the_inline_batch(
+        tmp_path: Path) -> None:
+    """The inline connection's BEGIN IMMEDIATE refused for another reason than a lock held
+    elsewhere (here a read-only connection: "attempt to write a readonly database"): no
+    transaction began, and every writer of the batch is told so; none is told it
+    committed."""
+    path = tmp_path / "ro.db"
+    make_table(path)
+
+    def read_only() -> sqlite3.Connection:
+        conn = connector(path)()
+        conn.execute("PRAGMA query_only = ON")
+        return conn
+
+    db = DbThread(connector(path), busy_retry=5.0, connect_inline=read_only)
+    await anyio.to_thread.run_sync(db.start)
+    await anyio.to_thread.run_sync(db.start_inline)
+    try:
+        got = await concurrent_writes(db, [insert("a"), insert("b")])
+        assert db.inline_jobs == 2  # one batch, on the inline connection
+    finally:
+        await anyio.to_thread.run_sync(db.stop)
+    assert all(isinstance(g, sqlite3.OperationalError) and "readonly" in str(g)
+               for g in got), got
+    assert names(path) == []
+
+
+async def test_an_inline_connection_that_fails_fails_every_writer_of_its_batch(
+        tmp_path: Path) -> None:
+    """The inline connection itself fails (closed under the store: BEGIN raises
+    ProgrammingError, not an OperationalError): every writer of the batch gets that error,
+    none a result, and nothing is written."""
+    path = tmp_path / "closed.db"
+    make_table(path)
+    opened: list[sqlite3.Connection] = []
+
+    def kept() -> sqlite3.Connection:
+        conn = connector(path)()
+        opened.append(conn)
+        return conn
+
+    db = DbThread(connector(path), busy_retry=5.0, connect_inline=kept)
+    await anyio.to_thread.run_sync(db.start)
+    await anyio.to_thread.run_sync(db.start_inline)
+    opened[0].close()
+    try:
+        got = await concurrent_writes(db, [insert("a"), insert("b")])
+    finally:
+        await anyio.to_thread.run_sync(db.stop)
+    assert all(isinstance(g, sqlite3.ProgrammingError) for g in got), got
+    assert names(path) == []
+
+
+async def test_a_batch_whose_begin_waited_in_vain_fails_every_writer_in_the_thread(
+        tmp_path: Path) -> None:
+    """Another process holds the write lock longer than the thread's busy retry: the
+    thread's BEGIN IMMEDIATE gives up, and every write of its batch is told the database
+    was locked (nothing began), none that it committed."""
+    path = tmp_path / "busy.db"
+    make_table(path)
+
+    def impatient() -> sqlite3.Connection:  # (the file is in WAL mode already)
+        return sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+
+    holder = connector(path)()
+    holder.execute("BEGIN IMMEDIATE")
+    db = DbThread(impatient, busy_retry=0.05)
+    await anyio.to_thread.run_sync(db.start)
+    try:
+        got = await concurrent_writes(db, [insert("a"), insert("b")])
+    finally:
+        holder.rollback()
+        holder.close()
+        await anyio.to_thread.run_sync(db.stop)
+    assert all(isinstance(g, sqlite3.OperationalError) and "locked" in str(g)
+               for g in got), got
+    assert names(path) == []
+
+
+@pytest.mark.parametrize("path_of_writes", ["inline", "thread"])
+async def test_a_write_of_a_caller_already_cancelled_writes_nothing(
+        tmp_path: Path, path_of_writes: str) -> None:
+    """A caller passes a checkpoint before its write joins a batch, on the inline fast path
+    and on the database thread's (the only one with ``synchronous=FULL``): one cancelled
+    before it writes nothing, the database is not touched."""
+    path = tmp_path / "cancelled.db"
+    make_table(path)
+    inline = path_of_writes == "inline"
+    db = DbThread(connector(path), busy_retry=5.0,
+                  connect_inline=connector(path) if inline else None)
+    await anyio.to_thread.run_sync(db.start)
+    if inline:
+        await anyio.to_thread.run_sync(db.start_inline)
+    try:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await db.run(insert("a"))
+        assert scope.cancelled_caught
+        assert await db.run(insert("b")) == "b"
+    finally:
+        await anyio.to_thread.run_sync(db.stop)
+    assert names(path) == ["b"]

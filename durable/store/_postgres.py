@@ -926,7 +926,9 @@ class PostgresStore(Store):
                     return await self._one(conn, write)
                 except (psycopg.Error, PoolTimeout, PoolClosed) as exc:
                     # refused by the server, or the connection lost after sending (the
-                    # outcome unknown): a StoreError either way, as from a batch of one
+                    # outcome unknown): a StoreError either way, as from a batch of one;
+                    # a connection a read-only server refused it on is not used again
+                    await _drop_if_read_only(conn, exc)
                     raise self._translate(exc) from exc
                 finally:
                     await self._put_back(pool, conn)

@@ -303,6 +303,7 @@ class DbThread:
                              "closed)")
         inline = self._inline
         if inline is None:
+            await checkpoint_if_cancelled()  # a cancelled caller writes nothing (as inline)
             job: _Job[T] = _Job(fn, write)
             self._to_thread(job)
             arm_bound()
