@@ -124,6 +124,30 @@ async def test_workflow_deadline_cancels_the_run(client: durable.Client,
     assert done.error is not None and "workflow timed out after 0.3 s" in done.error
 
 
+async def test_a_run_s_own_timeout_cancels_it_before_the_workflow_s(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """``start(timeout=)`` bounds that run, in place of its workflow's timeout: the request
+    in flight is aborted when the run's time is up, not the workflow's."""
+    async with loopback_server() as server:
+        server.on("/slow", Rule(hang=True))
+
+        @durable.activity(registry=registry)
+        async def slow(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{server.url}/slow")
+
+        @durable.workflow("patient", registry=registry, timeout=60)
+        async def patient(ctx: durable.WorkflowContext) -> None:
+            await slow(ctx)
+
+        async with running_worker(client, registry):
+            await client.start("patient", id="w2", timeout=0.3)
+            done = await client.wait("w2", timeout=10)
+            [seen] = server.seen("/slow")
+            await server.wait_for(lambda: seen.disconnected_at is not None)
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "workflow timed out after 0.3 s" in done.error
+
+
 class RenewalsFail(SqliteStore):
     """A real SQLite store whose lease renewals cannot reach the database (fault injection)."""
 

@@ -314,3 +314,33 @@ async def test_a_lease_lost_inside_the_attempt_is_told_once(
         await poll(lambda: counters.attempts_ended == 1)
     assert counters.attempts == {"abandoned": 1} and counters.leases_lost == 1
     assert events.lost == [("x", "a newer attempt holds this resource")]
+
+
+async def test_a_step_hook_keeps_the_activity_s_timeout_and_its_call_in_flight_is_aborted(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """With a step interceptor the try runs through the hook, under the activity's timeout
+    all the same: the request in flight is aborted when it passes, and no code after it
+    runs."""
+    after: list[str] = []
+    async with loopback_server() as server:
+        server.on("/push", Rule(hang=True))
+
+        @durable.activity(registry=registry, timeout=0.3, retry=durable.RetryPolicy(max_tries=1))
+        async def force_push(ctx: durable.ActivityContext) -> None:
+            await ctx.http.post(f"{server.url}/push")
+            after.append("code after the request ran")
+
+        @durable.workflow("pushing", registry=registry)
+        async def pushing(ctx: durable.WorkflowContext) -> None:
+            await force_push(ctx)
+
+        calls: list[tuple[str, ...]] = []
+        async with running_worker(client, registry, interceptors=[Recorder("r", calls)]):
+            await client.start("pushing", id="t")
+            done = await client.wait("t", timeout=10)
+            [seen] = server.seen("/push")
+            await server.wait_for(lambda: seen.disconnected_at is not None)
+    assert after == []
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "timed out after 0.3 s" in done.error
+    assert ("r", "step!", "TimeoutError") in calls  # the hook saw the try time out
