@@ -327,3 +327,66 @@ async def test_a_run_cancelled_while_running_replays_to_its_end(
         done = await client.wait("cr")
     assert done.state is RunState.COMPLETED and done.result == "held"
     assert calls == [1, 2] and not done.cancel_requested
+
+
+async def test_a_completed_step_a_replay_runs_again_gets_a_new_idempotency_key(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """A replay from a step asks for a completed step's effect again: the service must not
+    take the new call for a retry of the old one, so its idempotency key changes (``~n``
+    for the n-th rerun). A step that failed keeps its key (its effect did not happen)."""
+    keys: list[tuple[str, str]] = []
+    fail = {"three"}
+
+    @durable.activity("idem.call", registry=registry, retry=durable.RetryPolicy(max_tries=1))
+    async def call(ctx: durable.ActivityContext, name: str) -> str:
+        keys.append((name, ctx.idempotency_key))
+        if name in fail:
+            raise RuntimeError(f"{name} broke")
+        return name
+
+    @durable.workflow("idem", registry=registry)
+    async def idem(ctx: durable.WorkflowContext) -> list[str]:
+        return [await call(ctx, "one"), await call(ctx, "two"), await call(ctx, "three")]
+
+    async with running_worker(client, registry):
+        await client.start("idem", id="k")
+        assert (await client.wait("k")).state is RunState.FAILED
+        await client.replay("k", from_step=2)
+        assert (await client.wait("k")).state is RunState.FAILED
+        fail.clear()
+        await client.replay("k", from_step=2)
+        done = await client.wait("k")
+    assert done.state is RunState.COMPLETED
+    assert keys == [("one", "k/1"), ("two", "k/2"), ("three", "k/3"),
+                    ("two", "k/2~1"), ("three", "k/3"),
+                    ("two", "k/2~2"), ("three", "k/3")]
+
+
+async def test_a_step_first_run_by_a_resumed_attempt_is_numbered_after_the_journaled_ones(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """Step numbers name steps (``replay --from-step N``, the timeline): a step that a later
+    attempt runs for the first time is numbered after every step of the journal, never
+    given the number of a journaled one."""
+    fail = {"two"}
+
+    @durable.activity("num.call", registry=registry, retry=durable.RetryPolicy(max_tries=1))
+    async def call(ctx: durable.ActivityContext, name: str) -> str:
+        if name in fail:
+            raise RuntimeError(f"{name} broke")
+        return name
+
+    @durable.workflow("num", registry=registry)
+    async def num(ctx: durable.WorkflowContext) -> list[str]:
+        return [await ctx.step(call, "one", key="one"), await ctx.step(call, "two", key="two"),
+                await ctx.step(call, "three", key="three")]
+
+    async with running_worker(client, registry):
+        await client.start("num", id="n")
+        assert (await client.wait("n")).state is RunState.FAILED
+        fail.clear()
+        await client.replay("n")
+        done = await client.wait("n")
+    assert done.state is RunState.COMPLETED and done.result == ["one", "two", "three"]
+    numbers = {(e.step_key, e.step) for e in await client.journal("n")
+               if e.kind.value == "step_started"}
+    assert numbers == {("one", 1), ("two", 2), ("three", 3)}

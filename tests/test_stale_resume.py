@@ -67,3 +67,41 @@ async def test_a_replay_after_the_record_changed_runs_nothing(tmp_path: Path,
     else:
         assert run.state is RunState.COMPLETED and run.result == "app-1 deleted"
         assert calls == ["app-1", "app-1"]
+
+
+async def test_a_run_s_own_record_write_does_not_make_its_replay_stale(tmp_path: Path) -> None:
+    """A resumed attempt does not write again the records a journaled step wrote, and the
+    version that write produced is the one the resume compares and the next write is
+    conditioned on: the run's own write is not a change by someone else."""
+    registry = durable.Registry()
+    calls: list[str] = []
+
+    @durable.activity("stale.own_delete", registry=registry, on_doubt="fail")
+    async def delete(ctx: durable.ActivityContext, app: str) -> str:
+        calls.append(app)
+        if len(calls) == 1:
+            raise durable.NonRetryableError(f"{app}: the service said no")
+        return f"{app} deleted"
+
+    @durable.workflow("stale.own", registry=registry)
+    async def own(ctx: durable.WorkflowContext) -> str:
+        slot = await ctx.get_record("slot", "s1")
+        assert isinstance(slot, dict)
+        await ctx.set_records({("slot", "s1"): {**slot, "state": "resetting"}})
+        deleted = await delete(ctx, slot["app"])
+        await ctx.set_records({("slot", "s1"): {**slot, "state": "free"}})
+        return str(deleted)
+
+    async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+        store = client.store
+        assert await store.put_records(None, [("slot", "s1", {"app": "app-1"})])
+        async with running_worker(client, registry):
+            await client.start("stale.own", id="r1", key="s1")
+            assert (await finished(client, "r1")).state is RunState.FAILED
+            await client.replay("r1")
+            run = await finished(client, "r1")
+        record = await store.get_record("slot", "s1")
+    assert run.state is RunState.COMPLETED, run.error
+    assert run.result == "app-1 deleted" and calls == ["app-1", "app-1"]
+    assert record is not None and record.version == 3
+    assert record.value == {"app": "app-1", "state": "free"}

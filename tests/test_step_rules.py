@@ -527,3 +527,29 @@ async def test_a_failing_step_runs_exactly_max_tries_times_then_fails_the_run(
     assert run.state is RunState.FAILED
     assert run.error is not None and "failed after 3 tries" in run.error, run.error
     assert tries == [1, 2, 3]
+
+
+@pytest.mark.parametrize("key", ["2", ""])
+async def test_a_numeric_or_empty_step_key_is_refused_before_the_step_runs(
+        client: durable.Client, registry: durable.Registry, key: str) -> None:
+    """Unkeyed steps are keys "1", "2", ... (the n-th unkeyed call): a step keyed "2" would
+    be taken for the second unkeyed call (its journaled outcome reused for it, its arguments
+    compared as an unkeyed step's). The key is refused and the step never runs."""
+    calls: list[str] = []
+
+    @durable.activity("volume.delete", registry=registry)
+    async def delete(ctx: durable.ActivityContext, volume: str) -> str:
+        calls.append(volume)
+        return f"deleted {volume}"
+
+    @durable.workflow("teardown", registry=registry)
+    async def teardown(ctx: durable.WorkflowContext) -> str:
+        deleted: str = await ctx.step(delete, "v1", key=key)
+        return deleted
+
+    await client.start("teardown", id="t")
+    async with running_worker(client, registry):
+        run = await client.wait("t", timeout=10)
+    assert run.state is RunState.FAILED, run.result
+    assert run.error is not None and "a step key must be a non-numeric string" in run.error
+    assert calls == []
