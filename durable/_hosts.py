@@ -44,5 +44,5 @@ def foreign_name(local_address: str, host: str, named: str | None = None) -> boo
     ``localhost``, nor ``named`` (the host of the server's configured URL)."""
     if not loopback(local_address):
         return False
-    name = urlsplit(f"//{host}").hostname or ""
-    return rebindable(name) and name != (named or "").lower()
+    name = (urlsplit(f"//{host}").hostname or "").rstrip(".")
+    return rebindable(name) and name != (named or "").lower().rstrip(".")

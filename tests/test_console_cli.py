@@ -32,6 +32,7 @@ def db(tmp_path: Path) -> str:
 @pytest.mark.parametrize(("args", "message"), [
     (["--bind", "127.0.0.1:http"], "--bind '127.0.0.1:http' is not HOST:PORT"),
     (["--bind", "localhost"], "is not HOST:PORT"),
+    (["--bind", "127.0.0.1:70000"], "--bind '127.0.0.1:70000' is not HOST:PORT"),
     (["--token-file", "missing.txt"], "cannot read --token-file missing.txt"),
 ])
 def test_a_mistake_is_one_line(tmp_path: Path, db: str, args: list[str], message: str) -> None:
@@ -52,6 +53,21 @@ def test_a_taken_port_and_a_missing_database_are_one_line(tmp_path: Path, db: st
                    cwd=tmp_path)
     assert done.returncode == 2 and "no database at" in done.stderr
     assert not (tmp_path / "nowhere.db").exists()
+
+
+def test_the_console_binds_loopback_unless_told_otherwise() -> None:
+    """Without --bind, and with a bare ``:PORT``, the console listens on 127.0.0.1 only:
+    serving every interface is asked for by name (0.0.0.0:PORT)."""
+    from durable._cli import build_parser
+    from durable.console import bind_socket, parse_bind
+
+    default = build_parser().parse_command_line(["console"]).bind
+    assert parse_bind(default, "--bind")[0] == "127.0.0.1"
+    for given in (":0", "127.0.0.1:0"):
+        with bind_socket(*parse_bind(given, "--bind")) as sock:
+            assert sock.getsockname()[0] == "127.0.0.1", given
+    with bind_socket(*parse_bind("0.0.0.0:0", "--bind")) as sock:
+        assert sock.getsockname()[0] == "0.0.0.0"
 
 
 def test_an_empty_token_file_is_refused(tmp_path: Path, db: str) -> None:

@@ -9,6 +9,7 @@ token and CSRF guards on every action, and that no secret ever leaves.
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 import durable
+from durable._hosts import foreign_name
 from durable._shapes import run_json, show_json
 from durable.console import bind_socket, create_app, serve
 
@@ -411,9 +413,47 @@ async def test_a_request_that_names_another_host_on_loopback_is_refused(
             assert "ok-1" not in refused.text and "slot-1" not in refused.text
         assert (await client.get("ok-1")).attempt == 1  # the replay was not sent
         for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", "127.1.2.3",
-                     "[::1]", "0.0.0.0", "durable.internal:8080", "app.localhost"):
+                     "[::1]", "0.0.0.0", "durable.internal:8080", "app.localhost",
+                     f"localhost.:{port}", "DURABLE.Internal:8080"):
             page = await http.get("/runs/ok-1", headers={"Host": host})
             assert page.status_code == 200 and "slot-1" in page.text, (host, page.text)
+
+
+async def test_a_foreign_name_is_refused_on_loopback_reached_through_a_dual_stack_socket(
+        client: durable.Client) -> None:
+    """A console on a dual-stack IPv6 socket (``::``) that an IPv4 client reaches through
+    127.0.0.1 sees the address ``::ffff:127.0.0.1``: loopback too, so a foreign ``Host``
+    is refused there as on 127.0.0.1."""
+    try:
+        sock = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    except (OSError, ValueError):
+        pytest.skip("this machine has no dual-stack IPv6 socket")
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    with sock:
+        async with anyio.create_task_group() as tg:
+            await tg.start(serve, create_app(client), sock)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                         timeout=10) as http:
+                local = await http.get("/runs")
+                assert local.status_code == 200, local.text
+                rebound = await http.get("/runs", headers={"Host": f"rebind.example:{port}"})
+                assert rebound.status_code == 403 and "DNS rebinding" in rebound.text
+            tg.cancel_scope.cancel()
+
+
+async def test_a_credential_in_a_run_s_arguments_never_leaves_through_the_api(
+        client: durable.Client) -> None:
+    """The API's JSON is redacted as a whole, whatever the store holds: a run started with
+    a credential among its arguments (kept intact for the workflow) is listed and shown
+    with it redacted."""
+    await client.start("t.ok", f"Authorization: Bearer {SECRET}", id="leaky-args")
+    async with console(client) as http:
+        for path in ("/api/runs", "/api/runs/leaky-args", "/api/runs/leaky-args/journal"):
+            response = await http.get(path)
+            assert response.status_code == 200, path
+            assert "leaky-args" in response.text or "journal" in path
+            assert SECRET not in response.text, (path, response.text)
 
 
 async def test_a_console_served_on_another_address_answers_any_name(
@@ -432,3 +472,21 @@ async def test_a_console_served_on_another_address_answers_any_name(
         local = await http.get(f"http://127.0.0.1:{port}/runs",
                                headers={"Host": "console.example.org"})
         assert local.status_code == 403 and "DNS rebinding" in local.text
+
+
+@pytest.mark.parametrize(("host", "named", "refused"), [
+    ("durable.internal.:8080", "durable.internal", False),  # the absolute form of the name
+    ("durable.internal:8080", "durable.internal.", False),
+    ("DURABLE.internal:8080", "durable.internal", False),
+    ("localhost.:8080", None, False),
+    ("127.0.0.1:8080", None, False),
+    ("evil.example:8080", "durable.internal", True),
+    ("evil.example.:8080", None, True),
+    ("durable.internal.evil.example:8080", "durable.internal", True),
+])
+def test_a_host_the_server_was_named_is_served_in_either_form_and_others_refused(
+        host: str, named: str | None, refused: bool) -> None:
+    """On loopback a Host header naming another site is refused (DNS rebinding); the name
+    the console was given (``--console-url``) is served, with or without the final dot
+    that makes a DNS name absolute, as ``localhost`` is."""
+    assert foreign_name("127.0.0.1", host, named) is refused

@@ -16,7 +16,9 @@ import anyio
 import pytest
 
 import durable
-from durable.store import store_from_url
+from durable.store import SCHEMA_VERSION, store_from_url
+
+from .helpers import at_schema
 
 ROUNDS = 20
 PROCESSES = 4
@@ -113,6 +115,27 @@ async def test_opening_a_current_database_takes_no_write_lock(tmp_path: Path) ->
         with anyio.fail_after(10):
             async with durable.Client.connect(url, create=False) as client:
                 assert await client.list() == []
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
+@pytest.mark.anyio
+async def test_a_read_open_refuses_an_older_schema_without_the_write_lock(
+        tmp_path: Path) -> None:
+    """A read command (``upgrade=False``) on a schema behind its own refuses it by a read,
+    at once, while a worker of the older durable holds the write lock: it neither waits for
+    the lock nor takes it (a refusal only decided under the lock waited out the busy time,
+    then said "database is locked" instead of naming ``durable migrate``)."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    at_schema(url, SCHEMA_VERSION - 1)
+    writer = sqlite3.connect(tmp_path / "d.db", isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # the older worker's write, held for the block
+        with anyio.fail_after(10), pytest.raises(durable.SchemaVersionError,
+                                                 match=r"older than .*durable migrate"):
+            async with durable.Client.connect(url, create=False, upgrade=False):
+                pass
     finally:
         writer.execute("ROLLBACK")
         writer.close()
