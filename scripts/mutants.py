@@ -1,6 +1,6 @@
 """Mutants of the mechanisms that carry the guarantees: each must make a test fail.
 
-    python scripts/mutants.py                 # every mutant in scripts/mutants.json (about 5 min)
+    python scripts/mutants.py                 # every mutant in scripts/mutants.json (about 40 min)
     python scripts/mutants.py --only NAME     # one (a substring of its name)
     python scripts/mutants.py --list          # the mutants and the tests meant to kill them
     python scripts/mutants.py --file FILE     # candidates kept in another file of this shape
