@@ -315,6 +315,31 @@ async def test_an_attempt_whose_write_was_refused_sends_nothing_though_its_local
         assert final.state is RunState.RUNNING and final.epoch == newer.epoch
 
 
+def careful_flow(registry: durable.Registry) -> tuple[anyio.Event, anyio.Event, list[str]]:
+    """Workflow ``careful``: its one step, shielded (like code in a thread, it runs on
+    whatever cancels), sets ``inside``, waits for ``go``, then asks ``assert_still_mine``
+    and puts ``"mine"`` or ``"refused"`` in the outcome list."""
+    inside, go = anyio.Event(), anyio.Event()
+    outcome: list[str] = []
+
+    @durable.activity(registry=registry)
+    async def careful(ctx: durable.ActivityContext) -> None:
+        with anyio.CancelScope(shield=True):
+            inside.set()
+            await go.wait()
+            try:
+                await ctx.assert_still_mine()
+                outcome.append("mine")
+            except durable.LeaseLostError:
+                outcome.append("refused")
+
+    @durable.workflow("careful", registry=registry)
+    async def wf(ctx: durable.WorkflowContext) -> None:
+        await careful(ctx)
+
+    return inside, go, outcome
+
+
 async def test_assert_still_mine_judges_the_lease_by_the_database_s_clock(
         tmp_path: Path, registry: durable.Registry) -> None:
     """Nobody took the run over yet, and locally the lease holds; but in the database it
@@ -322,25 +347,8 @@ async def test_assert_still_mine_judges_the_lease_by_the_database_s_clock(
     this attempt's any more, before the step acts on it."""
     clock = FakeClock()
     url = f"sqlite:///{tmp_path / 's.db'}"
-    inside, go = anyio.Event(), anyio.Event()
-    outcome: list[str] = []
+    inside, go, outcome = careful_flow(registry)
     async with durable.Client.connect(url, registry=registry, clock=clock) as client:
-
-        @durable.activity(registry=registry)
-        async def careful(ctx: durable.ActivityContext) -> None:
-            with anyio.CancelScope(shield=True):
-                inside.set()
-                await go.wait()
-                try:
-                    await ctx.assert_still_mine()
-                    outcome.append("mine")
-                except durable.LeaseLostError:
-                    outcome.append("refused")
-
-        @durable.workflow("careful", registry=registry)
-        async def wf(ctx: durable.WorkflowContext) -> None:
-            await careful(ctx)
-
         run, attempt = await claimed_attempt(client, registry, "careful", "c1", 30)
         async with anyio.create_task_group() as tg:
             tg.start_soon(attempt.execute)

@@ -13,8 +13,6 @@ PostgreSQL missed it with its signals on.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anyio
 import pytest
 
@@ -25,23 +23,15 @@ from durable.store import Store
 from .helpers import poll
 from .pg import pg_url, postgres_server
 from .test_claim_wakes import opened
+from .test_store_contract import store_url
 from .test_wake import worker_on
 
-__all__ = ["pg_url", "postgres_server"]  # fixtures
+__all__ = ["pg_url", "postgres_server", "store_url"]  # fixtures
 
 pytestmark = pytest.mark.anyio
 
 LONG = 60.0
 BOUND = 10.0  # the run is due 1 s after its start: reaching this means the poll was needed
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'due.db'}"
-    if anyio_backend == "trio":
-        pytest.skip("the PostgreSQL store runs on asyncio only")
-    return str(request.getfixturevalue("pg_url"))
 
 
 async def _is(client: durable.Client, run_id: str, state: RunState) -> bool:

@@ -6,45 +6,19 @@ Real stores (a SQLite file, PostgreSQL)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 from durable._clock import FakeClock
 from durable._types import NewRun
-from durable.store import Store, store_from_url
-from tests.pg import TRIO_SKIP, pg_url, postgres_server
+from durable.store import Store
+from tests.pg import pg_url, postgres_server
+from tests.test_store_contract import clock, store, store_url
 
-__all__ = ["pg_url", "postgres_server"]
+__all__ = ["clock", "pg_url", "postgres_server", "store", "store_url"]  # test_store_contract.py
 
 pytestmark = pytest.mark.anyio
 
 LEASE = 30.0
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'keys.db'}"
-    if anyio_backend == "trio":
-        pytest.skip(TRIO_SKIP)
-    return str(request.getfixturevalue("pg_url"))
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def store(store_url: str, clock: FakeClock) -> AsyncIterator[Store]:
-    s = store_from_url(store_url, clock=clock)
-    await s.open()
-    try:
-        yield s
-    finally:
-        await s.aclose()
 
 
 async def test_a_run_waiting_behind_its_running_key_does_not_stop_a_claim_of_free_runs(

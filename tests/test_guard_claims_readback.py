@@ -8,45 +8,25 @@ store really changed the run, as a lost connection leaves it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import pytest
 
 from durable._claims import PendingClaim
-from durable._clock import FakeClock
 from durable._errors import StoreUnavailableError
 from durable._types import EntryKind, Fence, JournalWrite, NewRun, RunState
-from durable.store import Store, store_from_url
-from tests.pg import TRIO_SKIP, pg_url, postgres_server
+from durable.store import Store
+from tests.pg import pg_url, postgres_server
+from tests.test_store_contract import clock, store, store_url
 
-__all__ = ["pg_url", "postgres_server"]
+__all__ = ["clock", "pg_url", "postgres_server", "store", "store_url"]  # test_store_contract.py
 
 pytestmark = pytest.mark.anyio
 
 LEASE = 30.0
 STEP = JournalWrite(EntryKind.STEP_STARTED, step=1, step_key="1:charge", name="charge",
                     try_number=1)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'readback.db'}"
-    if anyio_backend == "trio":
-        pytest.skip(TRIO_SKIP)
-    return str(request.getfixturevalue("pg_url"))
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[Store]:
-    s = store_from_url(store_url, clock=FakeClock())
-    await s.open()
-    try:
-        yield s
-    finally:
-        await s.aclose()
 
 
 def unanswered(store: Store, meanwhile: Callable[[], Awaitable[None]]) -> None:

@@ -21,6 +21,7 @@ from durable._types import EntryKind
 
 from .helpers import poll, running_worker
 from .httpserver import Rule, loopback_server
+from .test_cancellation import careful_flow
 
 pytestmark = pytest.mark.anyio
 
@@ -123,25 +124,8 @@ async def test_assert_still_mine_refuses_a_run_taken_over_or_past_its_local_dead
     each check refuses on its own."""
     clock = FakeClock()
     url = f"sqlite:///{tmp_path / 'm.db'}"
-    inside, go = anyio.Event(), anyio.Event()
-    outcome: list[str] = []
+    inside, go, outcome = careful_flow(registry)
     async with durable.Client.connect(url, registry=registry, clock=clock) as client:
-
-        @durable.activity(registry=registry)
-        async def careful(ctx: durable.ActivityContext) -> None:
-            with anyio.CancelScope(shield=True):  # like code in a thread: runs on
-                inside.set()
-                await go.wait()
-                try:
-                    await ctx.assert_still_mine()
-                    outcome.append("mine")
-                except durable.LeaseLostError:
-                    outcome.append("refused")
-
-        @durable.workflow("careful", registry=registry)
-        async def wf(ctx: durable.WorkflowContext) -> None:
-            await careful(ctx)
-
         local = 30.0 if how == "taken over" else 0.3
         run, attempt = await _claimed(client, registry, "careful", "m1", stored=30,
                                       local=local)

@@ -13,11 +13,12 @@ import durable
 from durable import RunState
 
 from .helpers import kinds, poll, running_worker
-from .pg import TRIO_SKIP, pg_url, postgres_server
+from .pg import pg_url, postgres_server
+from .test_store_contract import store_url
 
 pytestmark = pytest.mark.anyio
 
-__all__ = ["pg_url", "postgres_server"]  # PostgreSQL's fixtures (tests/pg.py)
+__all__ = ["pg_url", "postgres_server", "store_url"]  # tests/pg.py, test_store_contract.py
 
 
 def _define(registry: durable.Registry, executed: list[str], fail_at: set[str],
@@ -284,18 +285,8 @@ async def test_a_keyed_step_is_what_its_key_names_whatever_its_arguments(
     assert sent == ["report as of attempt 1"]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def any_db(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
-    """The store URL of each kind: SQLite, and PostgreSQL (asyncio only) if it is up."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'replayed.db'}"
-    if anyio_backend == "trio":
-        pytest.skip(TRIO_SKIP)
-    return str(request.getfixturevalue("pg_url"))
-
-
 async def test_a_run_cancelled_while_running_replays_to_its_end(
-        any_db: str, registry: durable.Registry) -> None:
+        store_url: str, registry: durable.Registry) -> None:
     """A replay clears the cancel the operator asked of the run's last attempt: the new
     attempt runs (it is not handed that old cancel, which would end it cancelled again
     without running anything)."""
@@ -314,7 +305,7 @@ async def test_a_run_cancelled_while_running_replays_to_its_end(
     async def flow(ctx: durable.WorkflowContext) -> str:
         return str(await hold(ctx))
 
-    async with durable.Client.connect(any_db, registry=registry) as client, \
+    async with durable.Client.connect(store_url, registry=registry) as client, \
             running_worker(client, registry):
         await client.start("c.flow", id="cr")
         with anyio.fail_after(10):
