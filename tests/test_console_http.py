@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 import durable
-from durable._hosts import foreign_name
+from durable._hosts import foreign_name, rebindable
 from durable._shapes import run_json, show_json
 from durable.console import bind_socket, create_app, serve
 
@@ -490,3 +490,16 @@ def test_a_host_the_server_was_named_is_served_in_either_form_and_others_refused
     the console was given (``--console-url``) is served, with or without the final dot
     that makes a DNS name absolute, as ``localhost`` is."""
     assert foreign_name("127.0.0.1", host, named) is refused
+
+
+@pytest.mark.parametrize(("name", "can_be_another_site"), [
+    ("localhost", False), ("LOCALHOST", False), ("localhost.", False),
+    ("app.localhost", False), ("App.Localhost.", False),
+    ("127.0.0.1", False), ("[::1]", False), ("0.0.0.0", False),
+    ("evil.example", True), ("localhost.evil.example", True), ("evil.example.", True),
+])
+def test_only_a_dns_name_other_than_localhost_can_name_another_site(
+        name: str, can_be_another_site: bool) -> None:
+    """``rebindable`` judges a Host header's host as written: in any case, with or without
+    the final dot that makes a DNS name absolute, and an IPv6 address in brackets."""
+    assert rebindable(name) is can_be_another_site
