@@ -24,7 +24,7 @@ from durable._types import Fence, RunState
 from durable.store import _postgres
 from durable.store._postgres import PostgresStore
 from tests.helpers import poll
-from tests.pg import pg_url, postgres_server
+from tests.pg import connect_sync, pg_url, postgres_server
 from tests.test_postgres_faults import terminate
 from tests.test_postgres_group_commit import (
     VALUE,
@@ -160,6 +160,30 @@ async def test_a_hot_connection_the_server_ended_is_replaced_before_anything_is_
     assert ended.closed
     assert pg_store._hot is not None and pg_store._hot is not ended
     assert await pg_store.finish(only, RunState.COMPLETED)
+
+
+def notify(url: str, channel: str) -> None:
+    with connect_sync(url) as conn:
+        conn.execute(f"NOTIFY {channel}")
+
+
+async def test_a_connection_the_server_sent_something_unasked_is_not_alive_at_any_later_look(
+        pg_url: str, pg_store: PostgresStore) -> None:
+    """Input the server sent unasked (a FATAL that came before the end of its stream;
+    here a notification) makes the connection not alive at every later look, not only at
+    the one that read it: once read, the socket has nothing more to read and libpq still
+    calls the connection OK. (A look in a test's poll, then the store's own before use,
+    once used a connection whose FATAL the first look had read.)"""
+    (only,) = await claimed(pg_store, 1)
+    assert await pg_store.append(only, [VALUE])
+    hot = pg_store._hot
+    assert hot is not None
+    await hot.execute("LISTEN durable_unasked")
+    await anyio.to_thread.run_sync(notify, pg_url, "durable_unasked")
+    await poll(lambda: not _postgres._alive(hot))  # the first look reads it
+    assert not _postgres._alive(hot)  # and the next says the same
+    assert await pg_store.append(only, [VALUE])
+    assert hot.closed and pg_store._hot is not hot
 
 
 async def test_the_hot_connection_is_closed_with_the_store(pg_url: str) -> None:

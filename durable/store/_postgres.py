@@ -251,6 +251,9 @@ class _Pooled(psycopg.AsyncConnection[DictRow]):
     _cursor: psycopg.AsyncCursor[DictRow] | None = None
     _left_pool = 0.0
     """When it was last taken from the pool (``time.monotonic()``): see HOT_FOR."""
+    _unasked = False
+    """The server sent something unasked (_alive): never used again, whatever libpq says
+    of it once that input was read."""
 
 
 def _cursor(conn: Conn) -> psycopg.AsyncCursor[DictRow]:
@@ -1666,7 +1669,7 @@ def _alive(conn: Conn) -> bool:
     server shutdown it holds a FATAL error and the end of the stream: then (or whenever
     the server sent something unasked) the connection is not used.
     """
-    if conn.closed or conn.broken:
+    if conn.closed or conn.broken or getattr(conn, "_unasked", False):
         return False
     pgconn = conn.pgconn
     try:
@@ -1674,6 +1677,11 @@ def _alive(conn: Conn) -> bool:
     except (OSError, ValueError, psycopg.OperationalError):
         return False
     if readable:
+        # the same answer at every look: once the input is read (a FATAL, before the end
+        # of the stream comes), the socket has nothing more to read and libpq may still
+        # call the connection OK
+        if isinstance(conn, _Pooled):
+            conn._unasked = True
         with contextlib.suppress(psycopg.OperationalError):
             pgconn.consume_input()
         return False
