@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
@@ -22,20 +21,11 @@ from durable.interceptors import StartInfo
 from durable.otel import TracingInterceptor
 
 from .helpers import running_worker
+from .test_otel import exporter, provider
 
 pytestmark = pytest.mark.anyio
 
-
-@pytest.fixture
-def exporter() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider
+__all__ = ["exporter", "provider"]  # the span fixtures: test_otel.py
 
 
 def _one(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
