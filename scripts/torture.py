@@ -45,8 +45,8 @@ checks, from the services' ledger and the journal:
   sat queued past its wake-up after the chaos; and a step whose retry delay released its
   run was not tried again before its journaled retry time.
 
-On SQLite the fleet mixes event loops by default (``--loops mixed``: every second worker
-started runs on trio); PostgreSQL's store needs asyncio.
+The fleet mixes event loops by default (``--loops mixed``: every second worker started runs
+on trio; the PostgreSQL store there on an asyncio loop of its own, in a thread).
 
 Prints its seed first (``--seed`` replays the same schedule; process timing still varies),
 what it applied (kills, freezes, shutdowns, faults, cancels, replays), and a table of the
@@ -1248,10 +1248,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite",
                         help="the store (default sqlite; postgres: 127.0.0.1:5432, db test)")
     parser.add_argument("--lease", type=float, default=2.0, metavar="SECONDS", help="default 2")
-    parser.add_argument("--loops", choices=["asyncio", "trio", "mixed"], default=None,
+    parser.add_argument("--loops", choices=["asyncio", "trio", "mixed"], default="mixed",
                         help="the workers' event loop; mixed: every second worker started "
-                        "runs on trio (default: mixed on SQLite; PostgreSQL's store needs "
-                        "asyncio)")
+                        "runs on trio (default mixed)")
     parser.add_argument("--disk-full", action="store_true",
                         help="the database on a tmpfs of its own (mounting it needs root; "
                         "PostgreSQL: its tables, on a tablespace there), filled to the last "
@@ -1270,10 +1269,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if not low <= value <= high:
             parser.error(f"--{name} must be between {low} and {high}, not {value}")
-    if args.loops is None:
-        args.loops = "mixed" if args.backend == "sqlite" else "asyncio"
-    elif args.backend == "postgres" and args.loops != "asyncio":
-        parser.error(f"--loops {args.loops}: the PostgreSQL store needs asyncio")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**32)
     return args

@@ -23,7 +23,6 @@ except ImportError:  # without the postgres extra, the postgres tests skip
     psycopg = None  # type: ignore[assignment]
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
-TRIO_SKIP = "psycopg's async driver needs an asyncio loop: the PostgreSQL store is asyncio-only"
 
 
 @pytest.fixture(scope="session")

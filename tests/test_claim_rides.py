@@ -29,7 +29,7 @@ from durable.store._sqlite import SqliteStore
 
 from . import rideflows
 from .helpers import kinds, poll, python_process, running_worker
-from .pg import TRIO_SKIP, pg_url, postgres_server  # noqa: F401  (fixtures)
+from .pg import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.anyio
 
@@ -135,8 +135,6 @@ async def test_on_postgresql_too_a_claim_and_a_finish_ride_on_the_runs_writes(
     """The same count on PostgreSQL, by the transactions that wrote the journal (the
     server's own record): claim_with is one statement there (the finish, the claim, the
     first entries), so a run's claim and its previous run's finish add no commit."""
-    if anyio_backend_name != "asyncio":
-        pytest.skip(TRIO_SKIP)
     registry, workflow = steps_registry()
     monkeypatch.setattr(_claims, "RIDE_WAIT", 30.0)
     store = durable.store_from_url(pg_url)
@@ -155,8 +153,6 @@ async def test_on_postgresql_a_claim_refused_by_the_key_index_still_commits_the_
     """Two claims of runs of one key at the same moment: the server refuses the second
     statement (the one-running-run-per-key index) and rolls all of it back, the carried
     finish too. The store then commits the finish on its own and claims nothing."""
-    if anyio_backend_name != "asyncio":
-        pytest.skip(TRIO_SKIP)
     from durable._types import Finish, NewRun
 
     from .pg import connect_sync
@@ -303,8 +299,6 @@ async def test_on_postgresql_a_claim_without_entries_of_a_changed_run_runs_from_
     The run changed in between (another attempt journaled step 1 and released it): the
     attempt started on the read must not run on it (it would run step 1 again); a fresh
     one replays step 1 from the journal."""
-    if anyio_backend_name != "asyncio":
-        pytest.skip(TRIO_SKIP)
     calls: list[int] = []
     registry = durable.Registry()
     gate = anyio.Event()

@@ -31,9 +31,10 @@ pytestmark = pytest.mark.anyio
 LONG = 60.0
 BOUND = 20.0  # well below LONG: reaching it means a poll, not the rule, was needed
 
-pg_only = pytest.mark.parametrize(
-    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
-        reason="the PostgreSQL store runs on asyncio only"))])
+pg_only = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+"""A test that holds the store's own coroutines with the test's events, or reads with
+psycopg's async API: on trio those run on the store's loop thread."""
 
 
 @asynccontextmanager
@@ -343,7 +344,7 @@ async def test_postgres_a_chain_claims_once_per_run(
         assert (made, claims.rides - rode, reads) == (40, 40, 0), claims.empty
 
 
-@pg_only
+@asyncio_only
 async def test_postgres_a_start_s_notify_judged_before_its_insert_returned_is_no_news(
         pg_url: str, registry: durable.Registry) -> None:
     """The start's NOTIFY can reach the worker's listener before the insert's answer
@@ -425,7 +426,7 @@ async def test_postgres_a_key_freed_on_another_store_wakes_the_worker_of_the_nex
             assert done.state is RunState.COMPLETED
 
 
-@pg_only
+@asyncio_only
 async def test_postgres_a_snapshot_saw_only_the_transactions_committed_before_it(
         pg_url: str) -> None:
     """Snapshot.saw against the server: a transaction still open when the snapshot is

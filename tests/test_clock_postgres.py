@@ -8,7 +8,7 @@ not when a started run is due.
 The wall clock is stepped by patching this process's ``time.time`` (stepping the machine's
 clock needs CAP_SYS_TIME and would step every process on this shared machine, the database
 server included); the server's clock is untouched, as it is when one worker's host steps.
-The store runs on asyncio only, so these tests do too (``tests/pg.py``).
+They run on asyncio and on trio (where the store runs on a loop thread of its own).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from durable import RunState
 from durable._types import EntryKind, Fence, JournalWrite
 
 from .helpers import poll, running_worker
-from .pg import TRIO_SKIP, connect_sync, pg_url, postgres_server
+from .pg import connect_sync, pg_url, postgres_server
 
 __all__ = ["pg_url", "postgres_server"]  # fixtures, used by name
 
@@ -31,7 +31,7 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.parametrize(
         "anyio_backend",
-        ["asyncio", pytest.param("trio", marks=pytest.mark.skip(reason=TRIO_SKIP))],
+        ["asyncio", "trio"],
     ),
 ]
 

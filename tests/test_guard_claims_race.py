@@ -19,7 +19,7 @@ from durable._types import NewRun, RunState
 from durable.store import store_from_url
 
 from .helpers import poll
-from .pg import TRIO_SKIP, pg_url, postgres_server, split_url
+from .pg import pg_url, postgres_server, split_url
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -28,13 +28,7 @@ __all__ = ["pg_url", "postgres_server"]
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend(anyio_backend: str) -> str:
-    if anyio_backend == "trio":
-        pytest.skip(TRIO_SKIP)
-    return anyio_backend
-
-
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # its rival: psycopg's async API
 async def test_a_claim_beside_another_s_uncommitted_claim_of_the_run_takes_nothing(
         pg_url: str) -> None:
     store = store_from_url(pg_url)

@@ -25,7 +25,7 @@ from durable._report import render_timeline
 
 from .helpers import poll, running_worker
 from .ops import Ops, git_head, open_ops
-from .pg import TRIO_SKIP, pg_url, postgres_server  # noqa: F401
+from .pg import pg_url, postgres_server  # noqa: F401
 from .services import FakeServices
 from .test_cli import assert_one_line_error, cli
 from .test_ops_reset import _push_a_commit
@@ -39,11 +39,9 @@ ALICE = {"via": "test", "user": "alice", "host": "ops-1"}
 async def ops_on_both_stores(request: pytest.FixtureRequest, fake_services: FakeServices,
                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              anyio_backend: str) -> AsyncIterator[Ops]:
-    """The operations on SQLite (asyncio and trio) and PostgreSQL (asyncio only)."""
+    """The operations on SQLite (asyncio and trio) and PostgreSQL (both loops)."""
     url = None
     if request.param == "postgres":
-        if anyio_backend == "trio":
-            pytest.skip(TRIO_SKIP)
         url = str(request.getfixturevalue("pg_url"))
     async with open_ops(fake_services, tmp_path, monkeypatch, url) as ops:
         yield ops

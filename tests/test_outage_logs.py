@@ -36,8 +36,7 @@ __all__ = ["pg_url", "postgres_server"]  # fixtures
 BOUND = 30.0
 
 pg_only = pytest.mark.parametrize(
-    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
-        reason="the PostgreSQL store runs on asyncio only"))])
+    "anyio_backend", ["asyncio", "trio"])
 
 
 class Clock:

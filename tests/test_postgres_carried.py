@@ -30,8 +30,7 @@ LONG = 60.0
 BOUND = 20.0
 
 pg_only = pytest.mark.parametrize(
-    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
-        reason="the PostgreSQL store runs on asyncio only"))])
+    "anyio_backend", ["asyncio", "trio"])
 
 BIG = "x" * 9000  # more than a NOTIFY holds (8,000 bytes)
 ARGS = {"pi": 3.141592653589793, "tiny": 1e-300, "text": "zürich ✓ \"quoted\"", "n": [1, None]}

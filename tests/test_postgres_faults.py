@@ -1,4 +1,5 @@
-"""The PostgreSQL store under connection faults (asyncio only: psycopg's async driver).
+"""The PostgreSQL store under connection faults, on asyncio and on trio (the store on a loop
+thread of its own, durable/store/_loop.py).
 
 Dropped pooled connections, a cancel racing a release, statements bounded by
 ``statement_timeout``, and final writes whose answer (or request) a loopback proxy loses
@@ -67,9 +68,14 @@ async def _lock_waits(conn: Any, n: int) -> bool:
     return row is not None and int(row[0]) >= n
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+"""A test whose own connections use psycopg's async API (the store on trio runs it on a
+loop thread of its own; the test's connections would need one too)."""
 
 
 @pytest.fixture
@@ -115,6 +121,7 @@ def terminate(url: str, pids: list[int]) -> None:
             time.sleep(0.01)
 
 
+@ASYNCIO_ONLY
 async def test_a_write_after_the_pools_connections_were_terminated_succeeds(
         pg_url: str, pg_store: Store) -> None:
     await create(pg_store, "r1")
@@ -186,6 +193,7 @@ async def test_a_statement_waiting_on_a_lock_is_bounded_by_statement_timeout(
         await store.aclose()
 
 
+@ASYNCIO_ONLY
 async def test_no_connection_at_checkout_is_not_sent_and_writes_nothing(pg_url: str) -> None:
     from durable._errors import NotSentError
     from durable.store._postgres import PostgresStore
@@ -861,6 +869,7 @@ async def test_a_batch_whose_appends_a_read_only_server_refused_sends_none_of_it
         role.drop()
 
 
+@ASYNCIO_ONLY
 async def test_runs_writing_the_same_records_in_opposite_orders_do_not_deadlock(
         pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """Two runs write records a and b, one as {a, b}, the other as {b, a}. The upserts took
@@ -905,6 +914,7 @@ async def test_runs_writing_the_same_records_in_opposite_orders_do_not_deadlock(
     assert not [r for r in caplog.records if "deadlock" in r.getMessage()]
 
 
+@ASYNCIO_ONLY
 async def test_a_record_write_aborted_to_break_a_deadlock_is_tried_again(
         pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """A third party holds record b and then asks for a, which a run's record write holds

@@ -1,4 +1,6 @@
-"""Group commit in the PostgreSQL store (asyncio only: psycopg's async driver).
+"""Group commit in the PostgreSQL store, tested on asyncio: its tests hold the store's own
+coroutines and connections, which on trio run on the store's loop thread, where the
+mechanism is the same (durable/store/_loop.py; tests/test_store_loop.py).
 
 Concurrent fenced appends and finishes of many attempts go out as one statement. Each write
 is fenced on its own (a refused one takes nothing from the others) and each caller learns

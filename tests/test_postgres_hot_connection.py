@@ -1,5 +1,6 @@
-"""The PostgreSQL store's hot connection (PostgresStore._put_back; asyncio only: psycopg's
-async driver).
+"""The PostgreSQL store's hot connection (PostgresStore._put_back), tested on asyncio: its
+tests hold the store's connections, which on trio live on the store's loop thread, where the
+mechanism is the same (durable/store/_loop.py).
 
 psycopg_pool hands its connections out in turn, so one caller after another went round
 every pooled connection (a server process each), through the pool's lock and bookkeeping

@@ -4,8 +4,9 @@ Real processes on the machine's PostgreSQL server (``tests/pg.py``: one schema p
 dropped at teardown). Workers run as ``python -m durable.worker`` (or ``python -m
 tests.pgflows`` where the test needs a heartbeat interval of its own) in sessions of their
 own; every process group is killed in ``finally``. The test process reads the database with
-plain psycopg connections, in a thread, so those reads work on both backends; the store
-itself runs on asyncio only, so tests whose test process needs a ``Client`` skip on trio.
+plain psycopg connections, in a thread, so those reads work on both backends. On trio the
+store runs on an asyncio loop of its own, in a thread (durable/store/_loop.py); the
+2,000-run test runs its workers on the test's loop too.
 Nothing sleeps to synchronize: every wait polls with a bound.
 """
 
@@ -33,15 +34,9 @@ from . import pgflows
 from .conftest import ROOT, subprocess_env
 from .helpers import python_process
 from .httpserver import Rule, loopback_server
-from .pg import TRIO_SKIP, connect_sync, pg_url, postgres_server, psycopg, split_url
+from .pg import connect_sync, pg_url, postgres_server, psycopg, split_url
 
 __all__ = ["pg_url", "postgres_server"]  # fixtures, used by name
-
-ASYNCIO_CLIENT = pytest.mark.parametrize(
-    "anyio_backend",
-    ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
-        reason=f"the test process needs a PostgreSQL Client: {TRIO_SKIP}"))],
-)
 
 N_RUNS = 2000
 N_WORKERS = 4
@@ -124,9 +119,10 @@ def pid_of(worker_id: str) -> int:
 
 # -- 1. four workers, 2,000 runs, one SIGKILLed --------------------------------------------------
 @pytest.mark.anyio
-@ASYNCIO_CLIENT
 async def test_four_workers_complete_2000_runs_once_and_take_over_a_killed_workers_runs(
-        pg_url: str, tmp_path: Path) -> None:
+        pg_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    """On trio the client, and the four workers (``--backend trio``), run the store on its
+    loop thread."""
     effects = tmp_path / "effects"
     effects.mkdir()
     timings: dict[str, float] = {}
@@ -146,8 +142,8 @@ async def test_four_workers_complete_2000_runs_once_and_take_over_a_killed_worke
 
     logs = [tmp_path / f"worker-{n}.log" for n in range(N_WORKERS)]
     command = ["-m", "durable.worker", "--db", pg_url, "--import", "tests.pgflows",
-               "--concurrency", "32", "--lease", str(LEASE), "--poll", "0.05",
-               "--log-level", "warning"]
+               "--backend", anyio_backend, "--concurrency", "32", "--lease", str(LEASE),
+               "--poll", "0.05", "--log-level", "warning"]
     with db(pg_url) as conn, ExitStack() as stack:
         workers = [stack.enter_context(process(command, log)) for log in logs]
         victim = workers[0]
@@ -294,9 +290,9 @@ async def test_operator_cancel_reaches_the_in_flight_request_of_another_process(
         pg_url: str, tmp_path: Path, anyio_backend: str) -> None:
     """The worker renews every 20 s, so only NOTIFY can deliver the cancel within a second.
 
-    On asyncio the test process cancels with ``Client.cancel``; on trio (where the test
-    process cannot open the PostgreSQL store) with ``python -m durable cancel``, a third
-    process. Either way the worker process holding the run stops the request in flight.
+    On asyncio the test process cancels with ``Client.cancel``; on trio with ``python -m
+    durable cancel``, a third process. Either way the worker process holding the run stops
+    the request in flight.
     """
     log = tmp_path / "worker.log"
     async with loopback_server() as server:
@@ -364,24 +360,7 @@ async def test_operator_cancel_reaches_the_in_flight_request_of_another_process(
           f"{claimed_at + HEARTBEAT - requested_at:.1f} s after it)")
 
 
-# -- 3. PostgreSQL on trio --------------------------------------------------------------------
-def test_worker_on_trio_with_postgres_exits_with_one_clear_line(pg_url: str) -> None:
-    done = run_cli(["-m", "durable.worker", "--backend", "trio", "--db", pg_url,
-                    "--import", "tests.pgflows"])
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    assert done.stdout == ""
-    assert "Traceback" not in done.stderr
-    [line] = done.stderr.splitlines()
-    assert line.startswith("durable: error: ") and "asyncio only" in line
-    assert "--backend asyncio" in line
-    # refused before connecting: the schema was not even created
-    base, schema = split_url(pg_url)
-    with psycopg.connect(base, autocommit=True) as conn:
-        cur = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
-        assert cur.fetchone() is None
-
-
-# -- 4. migrate, and a newer schema refused ---------------------------------------------------
+# -- 3. migrate, and a newer schema refused ---------------------------------------------------
 def test_migrate_creates_the_schema_and_a_newer_version_is_refused(pg_url: str) -> None:
     for _ in range(2):  # the second run finds it up to date
         done = run_cli(["-m", "durable", "migrate", "--db", pg_url])

@@ -21,7 +21,7 @@ from durable._clock import FakeClock
 from durable._types import Fence, NewRun, RunState
 from durable.store._base import SCHEMA_VERSION
 from durable.store._sqlite import Q, SqliteStore, _append_sql
-from tests.pg import TRIO_SKIP, connect_sync, pg_url, postgres_server
+from tests.pg import connect_sync, pg_url, postgres_server
 from tests.test_store_contract import clock, store_url
 
 __all__ = ["clock", "pg_url", "postgres_server", "store_url"]
@@ -129,7 +129,7 @@ async def test_every_statement_on_the_runs_reads_its_index(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
-    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(reason=TRIO_SKIP))])
+    "anyio_backend", ["asyncio", "trio"])
 async def test_postgres_prune_reads_the_partial_end_index_in_a_generic_plan(
         pg_url: str) -> None:
     """A prepared statement's generic plan does not know %(state)s: the statement's own
@@ -162,7 +162,7 @@ async def test_postgres_prune_reads_the_partial_end_index_in_a_generic_plan(
 
 
 @pytest.mark.parametrize(
-    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(reason=TRIO_SKIP))])
+    "anyio_backend", ["asyncio", "trio"])
 async def test_postgres_cancels_pending_reads_its_partial_index(pg_url: str) -> None:
     """A worker's look for cancels reads migration 010's partial index (the running runs
     with a cancel pending), not every running run: 5,000 runs, 2,000 of them running, 5

@@ -184,8 +184,6 @@ async def test_prune_100000_runs_on_sqlite(tmp_path: Path, clock: FakeClock) -> 
 
 
 async def test_prune_on_postgres(pg_url: str, clock: FakeClock, anyio_backend: str) -> None:
-    if anyio_backend == "trio":
-        pytest.skip("the PostgreSQL store runs on asyncio only")
     await check_prune(pg_url, clock, 3_000)
 
 

@@ -1,7 +1,7 @@
 """The store's queries for the operator's console: the runs list (filters, keyset pages, id
 prefix), counts per state, and the origin of operator actions in the journal.
 
-Every test runs on SQLite and PostgreSQL (asyncio only, as in tests/test_store_contract.py),
+Every test runs on SQLite and PostgreSQL (as in tests/test_store_contract.py),
 on asyncio and trio; the query-plan test is SQLite's (PITFALLS.md: ``IS NULL OR`` scans).
 """
 

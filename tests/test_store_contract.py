@@ -2,8 +2,8 @@
 
 Each test runs on asyncio and trio (``anyio_backend`` from conftest) for every store in the
 ``store`` fixture's params. PostgreSQL needs a server at ``PG_URL`` (the tests skip with the
-reason when there is none) and runs on asyncio only: psycopg's async driver needs an asyncio
-loop, so the postgres-on-trio combinations skip, and one test pins the clear error instead.
+reason when there is none); on trio it runs on an asyncio loop of its own, in a thread
+(durable/store/_loop.py), so every combination runs.
 Every PostgreSQL test gets its own schema, dropped at teardown.
 """
 
@@ -24,7 +24,7 @@ from durable._errors import ConfigError, SchemaVersionError, StoreUnavailableErr
 from durable._types import EntryKind, Fence, Finish, JournalWrite, NewRun, Run, RunState
 from durable.store import SCHEMA_VERSION, Store, store_from_url
 from tests.helpers import at_schema, kinds, poll
-from tests.pg import TRIO_SKIP, connect_sync, pg_url, postgres_server, psycopg, split_url
+from tests.pg import connect_sync, pg_url, postgres_server, psycopg, split_url
 
 __all__ = ["pg_url", "postgres_server"]  # the PostgreSQL fixtures and PG_URL: tests/pg.py
 
@@ -38,8 +38,6 @@ LEASE = 30.0
 def store_url(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'contract.db'}"
-    if anyio_backend == "trio":
-        pytest.skip(TRIO_SKIP)
     return str(request.getfixturevalue("pg_url"))
 
 
@@ -668,19 +666,7 @@ async def test_a_newer_schema_version_is_refused(store_url: str, store: Store,
 
 
 # -- PostgreSQL only -----------------------------------------------------------------------------
-postgres_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
-
-
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_postgres_on_trio_is_refused_with_one_clear_line() -> None:
-    if psycopg is None:
-        pytest.skip("psycopg is not installed")
-    store = store_from_url("postgresql://127.0.0.1:5432/test")
-    with pytest.raises(ConfigError) as info:
-        await store.open()
-    message = str(info.value)
-    assert "\n" not in message
-    assert "asyncio only" in message and "--backend asyncio" in message
+postgres_only = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 
 
 @postgres_only
@@ -753,7 +739,7 @@ async def test_postgres_open_of_a_current_schema_only_reads(pg_url: str,
         holder.close()
 
 
-@postgres_only
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # its rival: psycopg's async API
 async def test_postgres_claim_that_trips_the_key_index_claims_nothing(
         pg_url: str, clock: FakeClock) -> None:
     """A claim racing another transaction for the same key gets [], not an error."""

@@ -3,7 +3,7 @@
 Hypothesis drives random sequences of create, claim, renew, append, put_records, finish,
 release, recover, cancel, requeue (replay) and clock moves, issued by several fake workers
 (one store instance each, on one database, as worker processes would have) and an operator,
-against SQLite (a temp file per example) and PostgreSQL (a schema per example, asyncio only).
+against SQLite (a temp file per example) and PostgreSQL (a schema per example).
 After every step the store's runs are compared with a small model of the run state machine:
 
 - one running attempt per run and per concurrency key;
@@ -50,7 +50,7 @@ from hypothesis.stateful import (
 from durable._clock import FakeClock
 from durable._types import EntryKind, Fence, JournalWrite, NewRun, Run, RunState
 from durable.store import Store, store_from_url
-from tests.pg import TRIO_SKIP, postgres_server, psycopg
+from tests.pg import postgres_server, psycopg
 
 __all__ = ["postgres_server"]
 
@@ -427,8 +427,6 @@ def _postgres_url(server: str) -> Callable[[], tuple[str, Callable[[], None]]]:
 def test_store_against_model(store_kind: str, anyio_backend: str,
                              request: pytest.FixtureRequest) -> None:
     if store_kind == "postgres":
-        if anyio_backend == "trio":
-            pytest.skip(TRIO_SKIP)
         make = _postgres_url(str(request.getfixturevalue("postgres_server")))
     else:
         make = _sqlite_url

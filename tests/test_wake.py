@@ -232,10 +232,8 @@ async def test_a_worker_in_another_process_is_woken(
 
 def store_url(backend: str, tmp_path: Path, anyio_backend: str,
               request: pytest.FixtureRequest) -> str:
-    """A SQLite file in ``tmp_path``, or the test's PostgreSQL schema (asyncio only)."""
+    """A SQLite file in ``tmp_path``, or the test's PostgreSQL schema."""
     if backend == "postgres":
-        if anyio_backend != "asyncio":
-            pytest.skip("the PostgreSQL store runs on asyncio only")
         return str(request.getfixturevalue("pg_url"))
     return f"sqlite:///{tmp_path / 'w.db'}"
 
@@ -305,8 +303,7 @@ async def test_a_run_not_due_yet_is_claimed_when_it_is_due_not_at_the_poll(
 
 # -- PostgreSQL: the finish hands the run over, and its statement sends the NOTIFY --------------
 pg_only = pytest.mark.parametrize(
-    "anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skip(
-        reason="the PostgreSQL store runs on asyncio only"))])
+    "anyio_backend", ["asyncio", "trio"])
 
 
 @pg_only

@@ -1,5 +1,5 @@
 """Fixtures of the durable waiting tests (tests/test_timers.py, tests/test_signals.py): a
-store on SQLite or PostgreSQL (asyncio only), a FakeClock, and a client on both."""
+store on SQLite or PostgreSQL, a FakeClock, and a client on both."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """The PostgreSQL store: for several machines sharing one database.
 
 Driver: psycopg 3's async API with a ``psycopg_pool.AsyncConnectionPool`` (see
-docs/postgres.md for why not asyncpg). psycopg's async driver needs an asyncio event loop,
-so this store runs on asyncio only; :meth:`PostgresStore.open` says so clearly on trio.
+docs/postgres.md for why not asyncpg). psycopg's async driver needs an asyncio event loop:
+on asyncio the store runs on the caller's loop; opened on trio, it runs on an asyncio loop
+in a thread of its own (``durable/store/_loop.py``), and its public methods, called from
+trio, run there (docs/postgres.md, *On trio*).
 
 URL: ``postgresql://user:password@host:5432/dbname?schema=NAME``. ``schema`` (default
 ``public``) is this store's own option and is removed before connecting; every other query
@@ -31,11 +33,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import json
 import re
 import select
 import time
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -89,6 +92,7 @@ from ._base import (
     operator_data,
     run_filters,
 )
+from ._loop import LoopThread
 from ._sql import load_migrations, load_queries
 
 SERVER_NOW = "coalesce(%(now)s::double precision, extract(epoch from statement_timestamp()))"
@@ -209,10 +213,7 @@ kernel's ~15 minutes of retransmissions: a claim, renewal or write sent then fai
 connection lost, and a worker's shutdown is not held up by it (docs/postgres.md,
 *A network cut*). ``statement_timeout`` cannot do it: the server enforces it."""
 
-TRIO_MESSAGE = (
-    "the PostgreSQL store runs on asyncio only (psycopg's async driver needs an asyncio "
-    "loop); run the worker with --backend asyncio"
-)
+LOOP_MESSAGE = "the PostgreSQL store runs on asyncio or trio, not on {library}"
 
 CLAIM_RAMP = 100
 """Store.claim_ramp with group commit: claiming 1,000 runs at once took one statement of
@@ -335,6 +336,8 @@ class PostgresStore(Store):
         """Batches of fenced writes sent by group commit (for benchmarks and tests)."""
         self.batched_writes = 0
         """Fenced writes those batches carried."""
+        self._bridge: LoopThread | None = None
+        """Opened on trio: the asyncio loop (a thread of its own) the store runs on."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def open(self) -> None:
@@ -342,8 +345,11 @@ class PostgresStore(Store):
             library: str | None = sniffio.current_async_library()
         except sniffio.AsyncLibraryNotFoundError:
             library = None
+        if library == "trio":
+            await self._open_on_a_loop_thread()
+            return
         if library != "asyncio":
-            raise ConfigError(TRIO_MESSAGE)
+            raise ConfigError(LOOP_MESSAGE.format(library=library))
         try:
             # A schema already current is only read (one autocommit SELECT: no transaction
             # id, no lock beyond the catalog's), so read commands open while a migration
@@ -385,7 +391,42 @@ class PostgresStore(Store):
         self._pool = pool
         self._listen_lock = anyio.Lock()
 
+    async def _open_on_a_loop_thread(self) -> None:
+        """Open on an asyncio loop of the store's own, and make the public methods of this
+        object run there when called from the caller's loop (instance attributes over the
+        class's methods: a caller on asyncio pays nothing for this)."""
+        if self._bridge is not None:
+            raise StoreError("the store is already open")
+        _wake.hub(self)  # made here, on the caller's loop, before the store's loop reads it
+        bridge = LoopThread(f"durable-postgres:{self.schema}")
+        try:
+            await bridge.call(type(self).open, self)
+        except BaseException:
+            await bridge.stop()
+            raise
+        self._bridge = bridge
+        for name in BRIDGED:
+            setattr(self, name, _bridged(bridge, getattr(self, name)))
+
+    def _to_caller(self, fn: Callable[..., object], *args: Any) -> None:
+        """``fn(*args)`` on the caller's loop (this process's hub of signals lives there)."""
+        bridge = self._bridge
+        if bridge is None:
+            fn(*args)
+        else:
+            bridge.to_caller(fn, *args)
+
     async def aclose(self) -> None:
+        bridge = self._bridge
+        if bridge is not None and not bridge.here():
+            try:
+                await bridge.call(type(self).aclose, self)
+            finally:
+                self._bridge = None
+                for name in BRIDGED:
+                    self.__dict__.pop(name, None)
+                await bridge.stop()
+            return
         pool, self._pool = self._pool, None
         listener, self._listener = self._listener, None
         done, self._done_listener = self._done_listener, None
@@ -961,7 +1002,8 @@ class PostgresStore(Store):
                 await self._lead()
             return write.outcome()
         # (the leader's own write needs none) asyncio's Event, not anyio's wrapper of it:
-        # this store runs on asyncio only, and the wrapper cost a backend lookup and a
+        # this code runs on asyncio only (on trio, on the store's loop thread), and the
+        # wrapper cost a backend lookup and a
         # call more per queued write
         wake = write.wake = asyncio.Event()
         try:
@@ -1141,7 +1183,7 @@ class PostgresStore(Store):
         (durable/_wake.py, Hub.settle): they return it without reading it again."""
         signals = _wake.hub(self)
         if row["id"] in signals.waited:
-            signals.settle(Run.from_row(row))
+            self._to_caller(signals.settle, Run.from_row(row))
 
     async def release(self, fence: Fence, entries: Sequence[JournalWrite] = (), *,
                       run_at: float | None = None, waiting_for: str | None = None,
@@ -1324,7 +1366,7 @@ class PostgresStore(Store):
                         if row is not None and run_id in signals.waited:
                             run = _ended(row)
                             if run is not None:  # the waits here take it without a read
-                                signals.told(run)
+                                self._to_caller(signals.told, run)
                         self._done.fire()
                         return False
         except psycopg.Error:
@@ -1404,6 +1446,10 @@ class PostgresStore(Store):
         return conn
 
     def told_here(self, run_id: str) -> None:
+        bridge = self._bridge
+        if bridge is not None and not bridge.here():  # its state is the store loop's
+            bridge.soon(self.told_here, run_id)
+            return
         txid = self._created.pop(run_id, None)
         if txid is not None:
             self._told[txid] = None
@@ -1523,6 +1569,20 @@ class PostgresStore(Store):
     async def get_pruned(self, run_id: str) -> PrunedRun | None:
         row = await self._read_row(Q["get_pruned"], {"id": run_id})
         return None if row is None else PrunedRun.from_row(row)
+
+    async def seed_finished(self, runs: Sequence[Mapping[str, Any]],
+                            entries: Sequence[Mapping[str, Any]]) -> None:
+        """Bulk rows of finished runs and their journals, in one transaction
+        (``durable/store/_seed.py``: for tests and benchmarks of retention at scale)."""
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(Q["seed_run"], {
+                "ids": [r["id"] for r in runs], "workflows": [r["workflow"] for r in runs],
+                "keys": [r["key"] for r in runs], "states": [r["state"] for r in runs],
+                "created": [r["created_at"] for r in runs],
+                "ended": [r["ended_at"] for r in runs]})
+            await conn.execute(Q["seed_entry"], {
+                "ids": [e["id"] for e in entries], "epochs": [e["epoch"] for e in entries],
+                "kinds": [e["kind"] for e in entries], "ats": [e["at"] for e in entries]})
 
 
 class _Fenced(Exception):
@@ -1839,3 +1899,20 @@ def _ended(row: Mapping[str, Any]) -> Run | None:
     except (ValueError, TypeError, KeyError):
         return None  # the waits read the run
     return run if run.state.finished else None
+
+
+BRIDGED: tuple[str, ...] = tuple(sorted(
+    name for name in dir(PostgresStore)
+    if not name.startswith("_") and name not in ("open", "aclose")
+    and inspect.iscoroutinefunction(getattr(PostgresStore, name))))
+"""The store's public coroutine methods: opened on trio, each runs on the store's loop
+(``open`` and ``aclose`` see to themselves)."""
+
+
+def _bridged(bridge: LoopThread, method: Callable[..., Any]) -> Callable[..., Any]:
+    async def on_the_store_loop(*args: Any, **kwargs: Any) -> Any:
+        return await bridge.call(method, *args, **kwargs)
+
+    on_the_store_loop.__name__ = on_the_store_loop.__qualname__ = method.__name__
+    on_the_store_loop.__doc__ = method.__doc__
+    return on_the_store_loop

@@ -57,15 +57,7 @@ async def seed_finished_runs(store: Store, seeds: Sequence[Seed]) -> None:
         await store._run(tx)
         return
     from ._postgres import PostgresStore
-    from ._postgres import Q as PG
 
     if not isinstance(store, PostgresStore):
         raise TypeError(f"cannot seed a {type(store).__name__}")
-    async with store._connection() as conn, conn.transaction():
-        await conn.execute(PG["seed_run"], {
-            "ids": [r["id"] for r in runs], "workflows": [r["workflow"] for r in runs],
-            "keys": [r["key"] for r in runs], "states": [r["state"] for r in runs],
-            "created": [r["created_at"] for r in runs], "ended": [r["ended_at"] for r in runs]})
-        await conn.execute(PG["seed_entry"], {
-            "ids": [e["id"] for e in entries], "epochs": [e["epoch"] for e in entries],
-            "kinds": [e["kind"] for e in entries], "ats": [e["at"] for e in entries]})
+    await store.seed_finished(runs, entries)

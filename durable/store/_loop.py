@@ -1,0 +1,161 @@
+"""An asyncio event loop in a thread of its own, for a store whose driver needs asyncio
+(psycopg's async API) when the caller runs on trio.
+
+The store's code runs unchanged on that loop. A call from the caller's loop is started
+there and awaited here; the outcome (a value or an exception) comes back as it was.
+
+Cancellation crosses the threads as it would within one loop: a caller cancelled before
+its call starts sends nothing; a caller cancelled while the call runs cancels it through an
+anyio cancel scope on the store's loop (so the store's own shielded sections hold, as they
+do for a caller on asyncio), and waits for it to end before its own cancel goes on. So when
+a caller's cancelled await raises, its call is over: nothing of it runs after.
+
+The caller's context variables stay on its side: each call starts in an empty context
+(the caller's says which event loop runs it, through sniffio: anyio on the store's loop
+would take itself for trio).
+
+The store's loop hands things back to the caller's loop with :meth:`LoopThread.to_caller`
+(trio's ``run_sync_soon``: in order, without blocking the store's loop), and the caller
+hands sync work to the store's loop with :meth:`LoopThread.soon`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+from anyio.lowlevel import checkpoint_if_cancelled
+
+from .._errors import StoreError
+
+T = TypeVar("T")
+
+
+class _Call:
+    """One call's state, shared by the two threads (each field written by one of them)."""
+
+    __slots__ = ("cancelled", "error", "finished", "scope", "value")
+
+    def __init__(self, finished: anyio.Event) -> None:
+        self.finished = finished  # the caller's
+        self.scope: anyio.CancelScope | None = None  # the store loop's
+        self.cancelled = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def cancel(self) -> None:
+        """On the store's loop: cancel the call (before it starts, or while it runs)."""
+        self.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread, serving calls from the trio loop that made it."""
+
+    def __init__(self, name: str) -> None:
+        import trio  # anyio's other loop; the caller runs on it
+
+        self._token = trio.lowlevel.current_trio_token()
+        self._run_finished: type[BaseException] = trio.RunFinishedError
+        self.loop = asyncio.new_event_loop()
+        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+        self._calls: set[_Call] = set()  # started by the caller, not yet finished (its loop's)
+        self._stopped = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()  # returns once the thread runs: its ident is known
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+            self.loop.run_until_complete(asyncio.sleep(0))  # calls queued before the stop
+            tasks = asyncio.all_tasks(self.loop)  # a call left when the store was closed
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        finally:
+            self.loop.close()
+
+    def here(self) -> bool:
+        """Whether the caller is the store's loop itself (a store method calling another)."""
+        return threading.get_ident() == self._thread.ident
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """``await fn(*args, **kwargs)`` on the store's loop."""
+        if self.here():
+            return await fn(*args, **kwargs)
+        await checkpoint_if_cancelled()  # a cancelled caller sends nothing
+        call = _Call(anyio.Event())
+
+        async def run() -> None:
+            with anyio.CancelScope() as scope:
+                call.scope = scope
+                if call.cancelled:
+                    scope.cancel()
+                call.value = await fn(*args, **kwargs)
+
+        def ended(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if task.cancelled():  # the loop stopped under it (the store was closed)
+                call.error = StoreError("the store was closed during the call")
+            else:
+                call.error = task.exception()  # raised on the caller's loop
+            self.to_caller(call.finished.set)
+
+        def start() -> None:
+            task = self.loop.create_task(run())
+            self._tasks.add(task)
+            task.add_done_callback(ended)
+
+        if self._stopped:
+            raise StoreError("the store is not open")
+        self._calls.add(call)
+        try:
+            self.loop.call_soon_threadsafe(start, context=contextvars.Context())
+            try:
+                await call.finished.wait()
+            except BaseException:  # the caller was cancelled: so is the call; it ends first
+                self.soon(call.cancel)
+                with anyio.CancelScope(shield=True):
+                    await call.finished.wait()
+                raise
+        finally:
+            self._calls.discard(call)
+        if call.error is not None:
+            raise call.error
+        return call.value  # type: ignore[no-any-return]
+
+    def to_caller(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` on the caller's loop, soon, in the order asked (from the store's
+        loop: it does not wait)."""
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except self._run_finished:  # the caller's loop has ended: nobody to tell
+            pass
+
+    def soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` on the store's loop, soon (from the caller's: it does not wait)."""
+        try:
+            self.loop.call_soon_threadsafe(fn, *args, context=contextvars.Context())
+        except RuntimeError:  # the loop is closed
+            pass
+
+    async def stop(self) -> None:
+        """Stop the store's loop (its calls left are cancelled) and wait for its thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.soon(self.loop.stop)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._thread.join)
+        for call in list(self._calls):  # a call that raced the close and never started
+            if not call.finished.is_set():
+                call.error = StoreError("the store was closed during the call")
+                call.finished.set()
