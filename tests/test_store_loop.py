@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -22,7 +23,7 @@ import sniffio
 from durable._errors import StoreError, StoreUnavailableError
 from durable._types import NewRun, RunState
 from durable.store import store_from_url
-from durable.store._loop import LoopThread
+from durable.store._loop import LoopThread, _Mailbox
 
 from .pg import pg_url, postgres_server
 
@@ -48,6 +49,18 @@ async def test_a_call_runs_on_the_asyncio_loop_of_its_thread_and_its_outcome_com
         library, ident, doubled = await bridge.call(where, 21)
         assert (library, doubled) == ("asyncio", 42)
         assert ident != threading.get_ident()
+        with anyio.fail_after(30):  # calls one after another, and many at once, all answered
+            assert [await bridge.call(where, n) for n in range(3)] == [
+                ("asyncio", ident, 2 * n) for n in range(3)]
+            answers: dict[int, int] = {}
+
+            async def one(n: int) -> None:
+                answers[n] = (await bridge.call(where, n))[2]
+
+            async with anyio.create_task_group() as tg:
+                for n in range(200):
+                    tg.start_soon(one, n)
+            assert answers == {n: 2 * n for n in range(200)}
 
         async def refuses() -> None:
             raise StoreUnavailableError("the server went away")
@@ -56,6 +69,23 @@ async def test_a_call_runs_on_the_asyncio_loop_of_its_thread_and_its_outcome_com
             await bridge.call(refuses)
     finally:
         await bridge.stop()
+
+
+def test_callables_posted_before_the_other_loop_wakes_cross_with_one_wake_up() -> None:
+    """The mailbox each way: one wake-up for all that queue up before it runs them, all of
+    them run, in order, and a post after that wakes the other loop again."""
+    wakes: list[Callable[[], None]] = []
+    ran: list[str] = []
+    box = _Mailbox(wakes.append)  # the other loop: runs what it was woken with, when told
+    for name in ("a", "b", "c"):
+        box.post(ran.append, name)
+    assert len(wakes) == 1 and ran == []
+    wakes.pop()()
+    assert ran == ["a", "b", "c"]
+    box.post(ran.append, "d")
+    assert len(wakes) == 1  # woken again
+    wakes.pop()()
+    assert ran == ["a", "b", "c", "d"]
 
 
 @trio_caller
@@ -71,7 +101,10 @@ async def test_a_caller_already_cancelled_sends_nothing() -> None:
             scope.cancel()
             await bridge.call(write)
         assert scope.cancelled_caught
-        assert await bridge.call(asyncio.sleep, 0, "after") == "after"  # the loop went on
+        async def after() -> str:
+            return "after"
+
+        assert await bridge.call(after) == "after"  # the loop went on
         assert ran == []
     finally:
         await bridge.stop()
@@ -121,6 +154,7 @@ async def test_a_call_to_a_stopped_loop_is_refused_and_the_thread_is_gone() -> N
     assert "test-loop-stopped" not in [t.name for t in threading.enumerate()]
     with pytest.raises(StoreError, match="not open"):
         await bridge.call(asyncio.sleep, 0)
+    assert bridge._to_loop._queue == []  # refused before anything was handed over
     await bridge.stop()  # twice is harmless
 
 

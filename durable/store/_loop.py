@@ -16,7 +16,9 @@ would take itself for trio).
 
 The store's loop hands things back to the caller's loop with :meth:`LoopThread.to_caller`
 (trio's ``run_sync_soon``: in order, without blocking the store's loop), and the caller
-hands sync work to the store's loop with :meth:`LoopThread.soon`.
+hands sync work to the store's loop with :meth:`LoopThread.soon`. Each way, what is handed
+over before the other loop wakes crosses with one wake-up (``_Mailbox``): calls made at
+once (a worker's concurrent runs) cost one thread hand-off each way, not one each.
 """
 
 from __future__ import annotations
@@ -54,6 +56,39 @@ class _Call:
             self.scope.cancel()
 
 
+class _Mailbox:
+    """Callables handed to another thread's loop, run there in the order posted: one wake-up
+    of that loop (a write to its wake-up socket, a thread woken) for as many as are posted
+    before it runs them, so calls made at once cross together. The callables are the
+    bridge's own and do not raise."""
+
+    def __init__(self, wake: Callable[[Callable[[], None]], object]) -> None:
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._queue: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
+        self._posted = False
+
+    def post(self, fn: Callable[..., object], *args: Any) -> None:
+        with self._lock:
+            self._queue.append((fn, args))
+            if self._posted:
+                return  # the wake-up on its way runs this one too
+            self._posted = True
+        try:
+            self._wake(self._run)
+        except BaseException:
+            with self._lock:
+                self._posted = False
+            raise
+
+    def _run(self) -> None:
+        with self._lock:
+            batch, self._queue = self._queue, []
+            self._posted = False
+        for fn, args in batch:
+            fn(*args)
+
+
 class LoopThread:
     """An asyncio loop in a daemon thread, serving calls from the trio loop that made it."""
 
@@ -66,6 +101,8 @@ class LoopThread:
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
         self._calls: set[_Call] = set()  # started by the caller, not yet finished (its loop's)
         self._stopped = False
+        self._to_loop = _Mailbox(self._wake_loop)
+        self._to_caller = _Mailbox(self._token.run_sync_soon)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()  # returns once the thread runs: its ident is known
 
@@ -82,6 +119,9 @@ class LoopThread:
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         finally:
             self.loop.close()
+
+    def _wake_loop(self, run: Callable[[], None]) -> None:
+        self.loop.call_soon_threadsafe(run, context=contextvars.Context())  # (see above)
 
     def here(self) -> bool:
         """Whether the caller is the store's loop itself (a store method calling another)."""
@@ -118,7 +158,10 @@ class LoopThread:
             raise StoreError("the store is not open")
         self._calls.add(call)
         try:
-            self.loop.call_soon_threadsafe(start, context=contextvars.Context())
+            try:
+                self._to_loop.post(start)
+            except RuntimeError as exc:  # the loop is closed
+                raise StoreError("the store is not open") from exc
             try:
                 await call.finished.wait()
             except BaseException:  # the caller was cancelled: so is the call; it ends first
@@ -136,14 +179,14 @@ class LoopThread:
         """Run ``fn(*args)`` on the caller's loop, soon, in the order asked (from the store's
         loop: it does not wait)."""
         try:
-            self._token.run_sync_soon(fn, *args)
+            self._to_caller.post(fn, *args)
         except self._run_finished:  # the caller's loop has ended: nobody to tell
             pass
 
     def soon(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` on the store's loop, soon (from the caller's: it does not wait)."""
         try:
-            self.loop.call_soon_threadsafe(fn, *args, context=contextvars.Context())
+            self._to_loop.post(fn, *args)
         except RuntimeError:  # the loop is closed
             pass
 
