@@ -637,7 +637,8 @@ def _common(parser: argparse.ArgumentParser, *, console: bool = False) -> None:
         "--traceback", action="store_true",
         help="on an error, print the full Python traceback too (or set DURABLE_TRACEBACK=1)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
-                        help="event loop to run on (the PostgreSQL store needs asyncio)")
+                        help="event loop to run on (on trio, the PostgreSQL store runs on "
+                        "an asyncio loop of its own, in a thread)")
 
 
 def _import_option(parser: argparse.ArgumentParser) -> None:

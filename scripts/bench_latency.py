@@ -15,7 +15,8 @@ Each figure is printed beside its polling baseline measured in the same run:
 
     python scripts/bench_latency.py [--runs 200] [--samples 50] [--pg URL]
 
-PostgreSQL parts run when ``--pg`` is given (or 127.0.0.1:5432/test answers), asyncio only.
+PostgreSQL parts run when ``--pg`` is given (or 127.0.0.1:5432/test answers), on asyncio
+(PostgreSQL on trio is measured by bench.py: docs/postgres.md).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 import pytest
 import sniffio
 
@@ -143,6 +144,29 @@ async def test_a_caller_cancelled_mid_call_returns_only_once_the_call_is_over() 
         seen.append("cancelled")
         assert scope.cancelled_caught
         assert seen == ["cancelled on the store's loop", "cleaned up", "cancelled"]
+    finally:
+        await bridge.stop()
+
+
+@trio_caller
+async def test_a_call_that_ended_before_the_cancel_reached_it_keeps_its_outcome() -> None:
+    """The call ends on the store's loop, and the caller is cancelled before its answer is
+    taken: the outcome stands (a claim or a consumed signal is not lost), as on asyncio,
+    where a call that returned is not undone by a cancel that comes after it; the cancel
+    comes at the caller's next checkpoint."""
+    bridge = LoopThread("test-loop")
+    try:
+        with anyio.CancelScope() as scope:
+            async def claims_as_the_caller_is_cancelled() -> str:
+                bridge.to_caller(scope.cancel)  # handed over before the answer
+                return "claimed"
+
+            got = await bridge.call(claims_as_the_caller_is_cancelled)
+            assert got == "claimed"
+            assert scope.cancel_called
+            await anyio.lowlevel.checkpoint()  # the next checkpoint
+            got = "went on"  # never: the cancel was raised there
+        assert scope.cancelled_caught and got == "claimed"
     finally:
         await bridge.stop()
 

@@ -8,7 +8,10 @@ Cancellation crosses the threads as it would within one loop: a caller cancelled
 its call starts sends nothing; a caller cancelled while the call runs cancels it through an
 anyio cancel scope on the store's loop (so the store's own shielded sections hold, as they
 do for a caller on asyncio), and waits for it to end before its own cancel goes on. So when
-a caller's cancelled await raises, its call is over: nothing of it runs after.
+a caller's cancelled await raises, its call is over: nothing of it runs after. A call that
+had already ended when the cancel reached the store's loop (its answer on its way back)
+returns its outcome, as an awaited call that returned does on asyncio; the caller's cancel
+is raised at its next checkpoint.
 
 The caller's context variables stay on its side: each call starts in an empty context
 (the caller's says which event loop runs it, through sniffio: anyio on the store's loop
@@ -40,7 +43,7 @@ T = TypeVar("T")
 class _Call:
     """One call's state, shared by the two threads (each field written by one of them)."""
 
-    __slots__ = ("cancelled", "error", "finished", "scope", "value")
+    __slots__ = ("cancelled", "ended_first", "error", "finished", "scope", "value")
 
     def __init__(self, finished: anyio.Event) -> None:
         self.finished = finished  # the caller's
@@ -48,6 +51,7 @@ class _Call:
         self.cancelled = False
         self.value: Any = None
         self.error: BaseException | None = None
+        self.ended_first = False  # the store loop's: the call ended before any cancel came
 
     def cancel(self) -> None:
         """On the store's loop: cancel the call (before it starts, or while it runs)."""
@@ -135,11 +139,14 @@ class LoopThread:
         call = _Call(anyio.Event())
 
         async def run() -> None:
-            with anyio.CancelScope() as scope:
-                call.scope = scope
-                if call.cancelled:
-                    scope.cancel()
-                call.value = await fn(*args, **kwargs)
+            try:
+                with anyio.CancelScope() as scope:
+                    call.scope = scope
+                    if call.cancelled:
+                        scope.cancel()
+                    call.value = await fn(*args, **kwargs)
+            finally:
+                call.ended_first = not call.cancelled
 
         def ended(task: asyncio.Task[None]) -> None:
             self._tasks.discard(task)
@@ -164,11 +171,17 @@ class LoopThread:
                 raise StoreError("the store is not open") from exc
             try:
                 await call.finished.wait()
-            except BaseException:  # the caller was cancelled: so is the call; it ends first
+            except BaseException as exc:  # the caller was cancelled: so is the call, and it
+                # ends first
                 self.soon(call.cancel)
                 with anyio.CancelScope(shield=True):
                     await call.finished.wait()
-                raise
+                if not (call.ended_first and isinstance(exc, anyio.get_cancelled_exc_class())):
+                    raise
+                # It ended before the cancel reached it (its answer was on its way): its
+                # outcome stands, as a call's on asyncio that returned before a cancel came
+                # (a claim, a consumed signal are not lost); the cancel is raised at the
+                # caller's next checkpoint.
         finally:
             self._calls.discard(call)
         if call.error is not None:

@@ -4,7 +4,7 @@ Driver: psycopg 3's async API with a ``psycopg_pool.AsyncConnectionPool`` (see
 docs/postgres.md for why not asyncpg). psycopg's async driver needs an asyncio event loop:
 on asyncio the store runs on the caller's loop; opened on trio, it runs on an asyncio loop
 in a thread of its own (``durable/store/_loop.py``), and its public methods, called from
-trio, run there (docs/postgres.md, *On trio*).
+trio, run there (docs/postgres.md, *On asyncio and on trio*).
 
 URL: ``postgresql://user:password@host:5432/dbname?schema=NAME``. ``schema`` (default
 ``public``) is this store's own option and is removed before connecting; every other query
@@ -1003,8 +1003,7 @@ class PostgresStore(Store):
             return write.outcome()
         # (the leader's own write needs none) asyncio's Event, not anyio's wrapper of it:
         # this code runs on asyncio only (on trio, on the store's loop thread), and the
-        # wrapper cost a backend lookup and a
-        # call more per queued write
+        # wrapper cost a backend lookup and a call more per queued write
         wake = write.wake = asyncio.Event()
         try:
             await wake.wait()
