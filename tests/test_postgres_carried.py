@@ -214,3 +214,46 @@ async def test_postgres_workers_of_a_fleet_try_a_carried_run_once_each(
     assert len(dropped) >= sum(lost for *_, lost in made), made
     assert not [e for e in logs if e["event"] == "attempt_stopping"
                 and e["reason"] != "shutdown"], dropped
+
+
+# -- notifications that arrive together ---------------------------------------------------------
+def notify_together(url: str, channel: str, payloads: list[str]) -> None:
+    """Send ``payloads`` on ``channel`` from one transaction: the server delivers them at
+    its commit, together, so a listener reads them in one read."""
+    with connect_sync(url) as raw:
+        raw.execute("SELECT " + ", ".join("pg_notify(%s, %s)" for _ in payloads),
+                    [value for payload in payloads for value in (channel, payload)])
+
+
+@pg_only
+async def test_postgres_a_wait_for_a_run_whose_end_came_behind_another_in_one_read_returns(
+        pg_url: str) -> None:
+    """Two runs' ``durable_done`` NOTIFYs read together (one commit sent both): a wait for
+    the second returns at once. (It waited out its poll: the read stopped at the first run's
+    and the rest of what it had read was dropped with it.)"""
+    async with opened(pg_url) as mine:
+        schema = pg_url.rpartition("=")[2]
+        with anyio.fail_after(BOUND):
+            await mine.wait_for_finished("none", LONG)  # subscribes, returns at once
+            notify_together(pg_url, "durable_done", [f"{schema} a", f"{schema} b"])
+            await mine.wait_for_finished("b", LONG)
+            await mine.wait_for_finished("a", LONG)  # kept: it came before
+
+
+@pg_only
+async def test_postgres_runs_created_together_are_all_carried_by_one_wake_up(
+        pg_url: str, registry: durable.Registry) -> None:
+    """The ``durable_work`` NOTIFYs of two runs read together: one return of
+    ``wait_for_work`` carries both. (It carried the first; the second was dropped with the
+    rest of that read, and waited for the worker's poll.)"""
+    flows(registry)
+    async with opened(pg_url) as mine, opened(pg_url) as theirs:
+        client = durable.Client(theirs, registry=registry)
+        with anyio.fail_after(BOUND), connect_sync(pg_url) as spy:
+            spy.execute("LISTEN durable_work")  # what the starts send, to send it again
+            runs = [await client.start("carried.echo", i, id=f"t{i}") for i in range(2)]
+            payloads = [n.payload for n in spy.notifies(timeout=5, stop_after=2)]
+            assert len(payloads) == 2
+            assert await mine.wait_for_work(LONG) is None  # subscribes, returns at once
+            notify_together(pg_url, "durable_work", payloads)
+            assert await mine.wait_for_work(LONG) == tuple(runs)

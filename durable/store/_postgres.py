@@ -40,6 +40,7 @@ import select
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
+from functools import partial
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -1353,21 +1354,25 @@ class PostgresStore(Store):
                 await anyio.sleep_forever()  # unreachable server: wait out the timeout
             return True
         prefix = f"{self.schema} "
+        done = self._done
+
+        def take(notify: psycopg.Notify) -> bool:
+            if not notify.payload.startswith(prefix):
+                return False
+            run_id, row = _done_payload(notify.payload[len(prefix):])
+            if len(self._done_at) > 10_000:
+                self._done_at.clear()
+            self._done_at[run_id] = done.generation + 1
+            signals = _wake.hub(self)
+            if row is not None and run_id in signals.waited:
+                run = _ended(row)
+                if run is not None:  # the waits here take it without a read
+                    self._to_caller(signals.told, run)
+            done.fire()
+            return True
+
         try:
-            async with aclosing(listener.notifies()) as notifies:
-                async for notify in notifies:
-                    if notify.payload.startswith(prefix):
-                        run_id, row = _done_payload(notify.payload[len(prefix):])
-                        if len(self._done_at) > 10_000:
-                            self._done_at.clear()
-                        self._done_at[run_id] = self._done.generation + 1
-                        signals = _wake.hub(self)
-                        if row is not None and run_id in signals.waited:
-                            run = _ended(row)
-                            if run is not None:  # the waits here take it without a read
-                                self._to_caller(signals.told, run)
-                        self._done.fire()
-                        return False
+            return not await _read_notifies(listener, None, take)
         except psycopg.Error:
             self._done_listener = None
             with anyio.CancelScope(shield=True):
@@ -1463,10 +1468,7 @@ class PostgresStore(Store):
         was only runs created, each carried by its NOTIFY: those runs; else None."""
         while True:
             news: list[_Work] = []
-            async with aclosing(conn.notifies(timeout=timeout)) as notifies:
-                async for notify in notifies:
-                    if self._work_payload(notify.payload, news):
-                        break
+            await _read_notifies(conn, timeout, partial(self._work_notify, news))
             if not news:
                 return None  # the timeout
             # Consume what else has already arrived: one wake-up covers it.
@@ -1488,6 +1490,9 @@ class PostgresStore(Store):
                 news = [w for w in news if w.txid is None or not seen.saw(w.txid)]
             if news:
                 return _carried(news)
+
+    def _work_notify(self, news: list[_Work], notify: psycopg.Notify) -> bool:
+        return self._work_payload(notify.payload, news)
 
     def _work_payload(self, payload: str, news: list[_Work]) -> bool:
         """Add what a ``durable_work`` payload of this schema says to ``news`` (the
@@ -1875,6 +1880,28 @@ def _carried(news: Sequence[_Work]) -> tuple[Run, ...] | None:
         except (ValueError, TypeError, KeyError):
             return None
     return tuple(runs)
+
+
+async def _read_notifies(conn: psycopg.AsyncConnection[Any], timeout: float | None,
+                         take: Callable[[psycopg.Notify], bool]) -> bool:
+    """Hand ``conn``'s notifications to ``take`` until it says one was news (True) and the
+    others read with it were handed over too, or until ``timeout`` seconds passed without
+    news. True: there was news.
+
+    psycopg reads what has arrived (the NOTIFYs of several commits, sent at once) and
+    yields it one by one: leaving its generator after the first would drop the rest of that
+    read with it, and a run's start or end read behind another's was then waited for until
+    a poll. So the read is left only at its next wait for the server, where the cancel
+    lands (nothing of a read is taken until it is awaited: what is not read stays for the
+    next call)."""
+    news = False
+    with anyio.CancelScope() as enough:
+        async with aclosing(conn.notifies(timeout=timeout)) as notifies:
+            async for notify in notifies:
+                if take(notify) and not news:
+                    news = True
+                    enough.cancel()  # lands at the next wait: this read is handed over
+    return news
 
 
 def _done_payload(text: str) -> tuple[str, dict[str, Any] | None]:
