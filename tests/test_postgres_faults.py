@@ -960,6 +960,11 @@ async def test_a_record_write_aborted_to_break_a_deadlock_is_tried_again(
     assert retried and "deadlock detected" in retried[0].getMessage()
 
 
+# Asyncio only: the test turns the role writable again between the refusal and the pool's
+# refill of the closed connection, which on asyncio runs after it (no await between); on trio
+# the pool refills on the store's loop thread at the same time, and may open its session
+# while the role is still read-only (seen once in CI: the next write refused again).
+@ASYNCIO_ONLY
 @pytest.mark.parametrize("refused", ["alone", "in_a_batch"])
 async def test_a_connection_a_read_only_server_refused_a_write_on_is_not_used_again(
         pg_url: str, refused: str) -> None:
