@@ -238,6 +238,10 @@ def test_the_lock_report_names_the_process_holding_sqlite_s_write_lock(tmp_path:
             assert (holder.pid, "the write lock (write)") in t.sqlite_lock_holders(db)
             holder.send_signal(signal.SIGSTOP)
             try:
+                # the kernel stops it soon after the signal, not at once (CI once read "R")
+                deadline = time.monotonic() + 10
+                while t.process_state(holder.pid) != "T" and time.monotonic() < deadline:
+                    time.sleep(0.01)  # a bounded poll
                 assert t.process_state(holder.pid) == "T"
             finally:
                 holder.send_signal(signal.SIGCONT)
