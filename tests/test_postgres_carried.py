@@ -11,11 +11,13 @@ from typing import Any
 
 import anyio
 import pytest
+from psycopg import sql
 
 import durable
 import durable.testing
 from durable import RunState, _wake
 from durable.store import Store
+from durable.store._postgres import CHANNEL, DONE_CHANNEL, channel_name
 
 from .helpers import poll
 from .pg import connect_sync, pg_url, postgres_server
@@ -235,7 +237,8 @@ async def test_postgres_a_wait_for_a_run_whose_end_came_behind_another_in_one_re
         schema = pg_url.rpartition("=")[2]
         with anyio.fail_after(BOUND):
             await mine.wait_for_finished("none", LONG)  # subscribes, returns at once
-            notify_together(pg_url, "durable_done", [f"{schema} a", f"{schema} b"])
+            notify_together(pg_url, channel_name(DONE_CHANNEL, schema),
+                            [f"{schema} a", f"{schema} b"])
             await mine.wait_for_finished("b", LONG)
             await mine.wait_for_finished("a", LONG)  # kept: it came before
 
@@ -249,18 +252,18 @@ async def test_postgres_runs_created_together_are_all_carried_by_one_wake_up(
     flows(registry)
     async with opened(pg_url) as mine, opened(pg_url) as theirs:
         client = durable.Client(theirs, registry=registry)
+        work = channel_name(CHANNEL, pg_url.rpartition("=")[2])  # this schema's only
         with anyio.fail_after(BOUND), connect_sync(pg_url) as spy:
-            spy.execute("LISTEN durable_work")  # what the starts send, to send it again
+            spy.execute(sql.SQL("LISTEN {}").format(sql.Identifier(work)))
             runs = [await client.start("carried.echo", i, id=f"t{i}") for i in range(2)]
-            mine_only = f"{pg_url.rpartition('=')[2]} "  # the channel is the server's
-            payloads: list[str] = []
+            payloads: list[str] = []  # what the starts sent, to send it again
             for notify in spy.notifies(timeout=10):
-                payloads += [notify.payload] if notify.payload.startswith(mine_only) else []
+                payloads.append(notify.payload)
                 if len(payloads) == 2:
                     break
             assert len(payloads) == 2
             assert await mine.wait_for_work(LONG) is None  # subscribes, returns at once
-            notify_together(pg_url, "durable_work", payloads)
+            notify_together(pg_url, work, payloads)
             carried = list(await mine.wait_for_work(LONG) or ())
             if len(carried) < 2:  # the second came after the first read: kept for the next
                 carried += await mine.wait_for_work(5) or ()

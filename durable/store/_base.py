@@ -40,7 +40,7 @@ from .._types import (
     SignalSent,
 )
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 """The schema version this version of durable writes and understands."""
 
 

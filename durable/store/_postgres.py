@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import inspect
 import json
 import re
@@ -177,18 +178,36 @@ deferred completion and the next step's start), the other half of a sequential r
 appends. As arrays (append_entries: CTE and unnest) it cost 115 us of client CPU against
 86 us, on one connection (docs/postgres.md, *Group commit*)."""
 
+CHANNEL_BYTES = 63
+"""The longest channel name PostgreSQL takes (NAMEDATALEN - 1): ``pg_notify`` refuses a
+longer one, and LISTEN would truncate it."""
+
+
+def channel_name(kind: str, schema: str) -> str:
+    """The NOTIFY channel of ``kind`` (:data:`CHANNEL`, :data:`DONE_CHANNEL`) for one
+    schema (schema 12): ``<kind>:<schema>``, or ``<kind>:<md5 of the schema's name>`` when
+    that would be longer than :data:`CHANNEL_BYTES`. Migration 012's triggers name the
+    work channel the same way, in SQL (a test holds them together); a store's schema name
+    is ASCII (``_SCHEMA_NAME``), so its characters are its bytes on both sides."""
+    name = f"{kind}:{schema}"
+    if len(name.encode()) > CHANNEL_BYTES:
+        name = f"{kind}:{hashlib.md5(schema.encode(), usedforsecurity=False).hexdigest()}"
+    return name
+
+
 TOLD_KEPT = 1024
 """How many starts :meth:`PostgresStore.told_here` remembers (a start forgotten costs its
 worker one read of what is queued)."""
 
 CHANNEL = "durable_work"
-"""The NOTIFY channel; the payload is the schema of the store that has work."""
+"""The kind of the NOTIFY channel of work (a schema's is :func:`channel_name`); the payload
+begins with the schema of the store that has work."""
 
 DONE_CHANNEL = "durable_done"
-"""The NOTIFY channel of finished runs, sent by the statements that end a run (queries.sql);
-the payload is ``<schema> <the run's row as JSON>``, or ``<schema> {"id": <run id>}`` when
-the row does not fit (schema 11; ``<schema> <run id>`` before, from a worker of an older
-version: :func:`_done_payload`)."""
+"""The kind of the NOTIFY channel of finished runs (a schema's is :func:`channel_name`),
+sent by the statements that end a run (queries.sql); the payload is ``<schema> <the run's
+row as JSON>``, or ``<schema> {"id": <run id>}`` when the row does not fit (schema 11;
+``<schema> <run id>`` before, from a worker of an older version: :func:`_done_payload`)."""
 
 POOL_TIMEOUT = 10.0
 """Seconds to wait for a pooled connection before the store counts as unavailable."""
@@ -284,6 +303,8 @@ class PostgresStore(Store):
             raise ConfigError(f"statement_timeout must be positive, got {statement_timeout}")
         self._conninfo, self.schema, self.url, self._secrets = _parse_url(
             url, statement_timeout)
+        self._work_channel = channel_name(CHANNEL, self.schema)
+        self._done_channel = channel_name(DONE_CHANNEL, self.schema)
         self.max_recoveries = max_recoveries
         self._pool_timeout = pool_timeout
         # without an injected clock, time is the server's (SERVER_NOW); self.clock is then
@@ -1120,6 +1141,7 @@ class PostgresStore(Store):
         params: dict[str, Any] = {
             "now": self._now(),
             "schema": self.schema,
+            "done_channel": self._done_channel,
             "job_run_ids": [w.fence.run_id for w in group],
             "job_epochs": [w.fence.epoch for w in group],
             "entry_jobs": [job for job, w in enumerate(group, 1) for _ in w.rows],
@@ -1171,7 +1193,8 @@ class PostgresStore(Store):
             return cur.rowcount == entries
         state, result, error = write.finish
         cur = await _cursor(conn).execute(queries["finish_run"], params | {
-            "state": state, "result": result, "error": error, "schema": self.schema})
+            "state": state, "result": result, "error": error, "schema": self.schema,
+            "done_channel": self._done_channel})
         row = await cur.fetchone()
         if row is None:
             return False
@@ -1189,7 +1212,8 @@ class PostgresStore(Store):
                       run_at: float | None = None, waiting_for: str | None = None,
                       seen_signals: int = 0) -> bool:
         params = _fence_params(fence, self._now()) | _entry_arrays(entries) | {
-            "schema": self.schema, "cancelled_error": CANCELLED_AT_RELEASE,
+            "schema": self.schema, "done_channel": self._done_channel,
+            "cancelled_error": CANCELLED_AT_RELEASE,
             "cancel_data": dumps({"by": "operator", "at": "release"}),
             "run_at": run_at, "waiting_for": waiting_for, "seen_signals": seen_signals}
         row = await self._row(Q["release_run"], params)
@@ -1214,7 +1238,8 @@ class PostgresStore(Store):
         self, run_id: str, by: Mapping[str, JSON] | None = None
     ) -> Run | None:
         data = dumps(operator_data({"by": "operator"}, by), "the origin of a cancel")
-        params = {"run_id": run_id, "now": self._now(), "data": data, "schema": self.schema}
+        params = {"run_id": run_id, "now": self._now(), "data": data, "schema": self.schema,
+                  "done_channel": self._done_channel}
         row = await self._row(Q["request_cancel"], params)
         return None if row is None else Run.from_row(row)
 
@@ -1313,7 +1338,8 @@ class PostgresStore(Store):
     # notify_finished is the base class's no-op, not overridden (a worker skips calling a
     # store's that is not: the bound and the await it costs per run): the statements that
     # end a run (finish_run, finish_batch, a release_run or request_cancel that ends it
-    # cancelled) NOTIFY ``durable_done`` with ``<schema> <run id>`` themselves, delivered
+    # cancelled) NOTIFY ``durable_done:<schema>`` (:func:`channel_name`) with ``<schema> <run
+    # id>`` themselves, delivered
     # when they commit (no statement, no round trip of its own).
 
     async def wait_for_finished(self, run_id: str, timeout: float,
@@ -1349,7 +1375,7 @@ class PostgresStore(Store):
         assert self._done is not None
         listener = self._done_listener
         if listener is None or listener.closed:
-            self._done_listener = await self._subscribe(DONE_CHANNEL)
+            self._done_listener = await self._subscribe(self._done_channel)
             if self._done_listener is None:
                 await anyio.sleep_forever()  # unreachable server: wait out the timeout
             return True
@@ -1390,8 +1416,8 @@ class PostgresStore(Store):
         """Return when work may be waiting, or after ``timeout`` seconds at the latest.
 
         Work is a run queued (created, requeued, released, recovered), a cancel requested,
-        or a run with a concurrency key ending: the database sends NOTIFY on
-        ``durable_work`` when such a change commits. The first call (and the first after
+        or a run with a concurrency key ending: the database sends NOTIFY on the schema's
+        ``durable_work:<schema>`` (:func:`channel_name`) when such a change commits. The first call (and the first after
         the listening connection was lost) subscribes on a dedicated connection and
         returns at once, so a caller that polls after every return misses nothing.
         ``patient`` changes nothing here (a notification is sent, not looked for).
@@ -1418,7 +1444,7 @@ class PostgresStore(Store):
             async with lock:
                 listener = self._listener
                 if listener is None or listener.closed:
-                    self._listener = await self._subscribe()
+                    self._listener = await self._subscribe(self._work_channel)
                     if self._listener is not None:
                         return None
                 else:
@@ -1431,7 +1457,7 @@ class PostgresStore(Store):
                 await anyio.sleep_forever()  # unreachable server: wait out the timeout
         return None
 
-    async def _subscribe(self, channel: str = CHANNEL) -> psycopg.AsyncConnection[Any] | None:
+    async def _subscribe(self, channel: str) -> psycopg.AsyncConnection[Any] | None:
         try:
             # the store's TCP settings (DEAD_PEER: keepalives) turn a silently dead
             # listening connection into an error within about 11 s, so waiting falls back

@@ -370,7 +370,7 @@ jobs AS (
     JOIN run ON run.job = e.job
     ORDER BY e.ord
 ), notified AS (
-    SELECT count(pg_notify('durable_done', /*done_payload*/)) AS n FROM run
+    SELECT count(pg_notify(%(done_channel)s, /*done_payload*/)) AS n FROM run
 )
 
 -- name: finish_run
@@ -390,7 +390,7 @@ WITH run AS (
          WITH ORDINALITY AS e(kind, step, step_key, name, attempt, data, ord)
     ORDER BY e.ord
 ), notified AS (
-    SELECT count(pg_notify('durable_done', /*done_payload*/)) AS n FROM run
+    SELECT count(pg_notify(%(done_channel)s, /*done_payload*/)) AS n FROM run
 )
 SELECT run.* FROM run, notified;
 
@@ -426,7 +426,7 @@ WITH run AS (
     WHERE e.ord < 9223372036854775807 OR run.state = 'cancelled'
     ORDER BY e.ord
 ), notified AS (
-    SELECT count(pg_notify('durable_done', /*done_payload*/)) AS n
+    SELECT count(pg_notify(%(done_channel)s, /*done_payload*/)) AS n
     FROM run WHERE state = 'cancelled'
 )
 SELECT count(*) AS done FROM run, notified;
@@ -517,7 +517,7 @@ WITH run AS (
            %(now)s, %(data)s
     FROM run
 ), notified AS (
-    SELECT count(pg_notify('durable_done', /*done_payload*/)) AS n
+    SELECT count(pg_notify(%(done_channel)s, /*done_payload*/)) AS n
     FROM run WHERE state = 'cancelled'
 )
 SELECT run.* FROM run, notified;
