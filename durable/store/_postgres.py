@@ -1417,10 +1417,10 @@ class PostgresStore(Store):
 
         Work is a run queued (created, requeued, released, recovered), a cancel requested,
         or a run with a concurrency key ending: the database sends NOTIFY on the schema's
-        ``durable_work:<schema>`` (:func:`channel_name`) when such a change commits. The first call (and the first after
-        the listening connection was lost) subscribes on a dedicated connection and
-        returns at once, so a caller that polls after every return misses nothing.
-        ``patient`` changes nothing here (a notification is sent, not looked for).
+        ``durable_work:<schema>`` (:func:`channel_name`) when such a change commits. The
+        first call (and the first after the listening connection was lost) subscribes on a
+        dedicated connection and returns at once, so a caller that polls after every return
+        misses nothing. ``patient`` changes nothing here (a notification is sent, not looked for).
         Notifications that arrive while nobody waits are kept, and one return consumes
         all that are pending. Never raises for a lost connection: it waits out the timeout
         and subscribes again on the next call (plain polling meanwhile).
