@@ -444,7 +444,7 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
     import_modules(_imports(args))
     if not default_registry.workflows:
         raise ConfigError("no workflows registered: pass --import MODULE (or DURABLE_IMPORT)")
-    console_sock, token = None, None
+    console_sock, token, allow_hosts = None, None, []
     console_url = args.console_url
     if args.console:  # bound before anything else, so a taken port is one line and no work
         from .console import _command as console_command
@@ -452,6 +452,7 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
 
         console_command.check_installed()
         token = console_command.read_token(args.token_file)
+        allow_hosts = console_command.allowed_hosts(args.allow_hosts)
         console_sock = bind_socket(*parse_bind(args.console))
         console_url = console_url or url_of(console_sock)
     metrics: Any = None
@@ -505,7 +506,7 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
                 from .console import create_app, serve
 
                 app = create_app(Client(store, console_url=console_url), token=token,
-                                 console_url=console_url)
+                                 console_url=console_url, allow_hosts=allow_hosts)
                 await tg.start(serve, app, console_sock)
                 print(f"durable: console at {console_url}/runs", file=sys.stderr, flush=True)
             await worker.run()
@@ -545,12 +546,13 @@ async def _cmd_console(args: argparse.Namespace) -> int:
     from .console import bind_socket, parse_bind
 
     token = console_command.read_token(args.token_file)
+    allow_hosts = console_command.allowed_hosts(args.allow_hosts)
     sock = bind_socket(*parse_bind(args.bind, "--bind"))  # a taken port: one line, nothing
     with sock:
         async with _existing(args, console_url=args.console_url) as client:
             async with anyio.create_task_group() as tg:
                 await tg.start(_cancel_on_signal, tg.cancel_scope)
-                await console_command.serve_client(client, sock, token)
+                await console_command.serve_client(client, sock, token, allow_hosts)
     return 0
 
 

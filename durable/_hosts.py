@@ -1,16 +1,19 @@
-"""Which ``Host`` a server on loopback answers: the console's and the metrics' defence against
-DNS rebinding (docs/console.md, *No page for another site's name*).
+"""Which ``Host`` a server answers: the console's and the metrics' defence against DNS
+rebinding (docs/console.md, *No page for another site's name*).
 
-A site the operator visits can make its own name resolve to 127.0.0.1; the browser then
-treats a server on loopback as that site, and the site's scripts read its pages. Their
-requests carry the site's name in ``Host``. A server on loopback answers only an address,
-``localhost`` (and ``*.localhost``: RFC 6761, always loopback) or a name it was told of; on
-another address it was exposed on purpose and answers any name.
+A site the operator visits can make its own name resolve to 127.0.0.1, or to an address of
+the operator's network; the browser then treats a server there as that site, and the
+site's scripts read its pages. Their requests carry the site's name in ``Host``. The
+console answers only an address, ``localhost`` (and ``*.localhost``: RFC 6761, always
+loopback) or a name it was told of, on every address it serves (``*`` among the names:
+any). The metrics page keeps that rule on loopback only: a scraper names its targets as it
+likes, and the page holds counts, not runs.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 
@@ -38,11 +41,16 @@ def rebindable(name: str) -> bool:
     return False
 
 
-def foreign_name(local_address: str, host: str, named: str | None = None) -> bool:
+def foreign_name(local_address: str, host: str, named: str | Iterable[str] | None = None,
+                 *, anywhere: bool = False) -> bool:
     """Whether a request that reached ``local_address`` with the ``Host`` header ``host``
-    is to be refused: it reached loopback and names a host that is neither an address,
-    ``localhost``, nor ``named`` (the host of the server's configured URL)."""
-    if not loopback(local_address):
+    is to be refused: it names a host that is neither an address, ``localhost``, nor one
+    of ``named`` (the host of the server's configured URL, names it was told to answer;
+    ``*``: any), and it reached loopback, or any address when ``anywhere``."""
+    if not anywhere and not loopback(local_address):
+        return False
+    names = {named} if isinstance(named, str) else set(named or ())
+    if "*" in names:
         return False
     name = (urlsplit(f"//{host}").hostname or "").rstrip(".")
-    return rebindable(name) and name != (named or "").lower().rstrip(".")
+    return rebindable(name) and name not in {n.lower().rstrip(".") for n in names}

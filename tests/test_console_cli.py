@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -34,6 +35,10 @@ def db(tmp_path: Path) -> str:
     (["--bind", "localhost"], "is not HOST:PORT"),
     (["--bind", "127.0.0.1:70000"], "--bind '127.0.0.1:70000' is not HOST:PORT"),
     (["--token-file", "missing.txt"], "cannot read --token-file missing.txt"),
+    (["--allow-host", "console.example.org:8080"],
+     "--allow-host 'console.example.org:8080' is not a host name"),
+    (["--allow-host", "https://console.example.org"], "is not a host name"),
+    (["--allow-host", ""], "--allow-host '' is not a host name"),
 ])
 def test_a_mistake_is_one_line(tmp_path: Path, db: str, args: list[str], message: str) -> None:
     done = durable("console", "--db", db, *args, cwd=tmp_path)
@@ -87,7 +92,8 @@ def test_a_worker_serves_the_console_and_its_reports_link_to_it(tmp_path: Path,
     port = free_port()
     console = f"http://127.0.0.1:{port}"
     worker = [sys.executable, "-m", "durable.worker", "--db", db, "--import", "tests.cliflows",
-              "--poll", "0.05", "--console", f"127.0.0.1:{port}"]
+              "--poll", "0.05", "--console", f"127.0.0.1:{port}",
+              "--allow-host", "durable.internal"]
     with serving_process(worker, port, tmp_path / "worker.log"):
         assert durable("start", "cli.hello", '"x"', "--id", "h-1", "--import", "tests.cliflows",
                        "--db", db, cwd=tmp_path).returncode == 0
@@ -101,6 +107,16 @@ def test_a_worker_serves_the_console_and_its_reports_link_to_it(tmp_path: Path,
         assert run["report"]["run_link"].endswith(f"{console}/runs/h-1")  # type: ignore[index]
         status = _get(f"{console}/api/status?id=h-1")
         assert status["status"] == "completed"
+        named = urllib.request.Request(f"{console}/api/runs/h-1",
+                                       headers={"Host": "durable.internal"})
+        with urllib.request.urlopen(named, timeout=10) as response:  # --allow-host
+            assert response.status == 200
+        other = urllib.request.Request(f"{console}/api/runs/h-1",
+                                       headers={"Host": "rebind.example"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(other, timeout=10)
+        refused.value.close()
+        assert refused.value.code == 403
     log = (tmp_path / "worker.log").read_text()
     assert f"durable: console at {console}/runs" in log
 

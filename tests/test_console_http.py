@@ -72,11 +72,12 @@ def flows(registry: durable.Registry, gate: anyio.Event) -> None:
 
 @asynccontextmanager
 async def console(client: durable.Client, token: str | None = None, *,
-                  bind: str = "127.0.0.1", console_url: str | None = None
-                  ) -> AsyncIterator[httpx.AsyncClient]:
+                  bind: str = "127.0.0.1", console_url: str | None = None,
+                  allow_hosts: tuple[str, ...] = ()) -> AsyncIterator[httpx.AsyncClient]:
     sock = bind_socket(bind, 0)
     with sock:
-        app = create_app(client, token=token, console_url=console_url)
+        app = create_app(client, token=token, console_url=console_url,
+                         allow_hosts=allow_hosts)
         async with anyio.create_task_group() as tg:
             url = await tg.start(serve, app, sock)
             async with httpx.AsyncClient(base_url=url, timeout=10) as http:
@@ -456,22 +457,55 @@ async def test_a_credential_in_a_run_s_arguments_never_leaves_through_the_api(
             assert SECRET not in response.text, (path, response.text)
 
 
-async def test_a_console_served_on_another_address_answers_any_name(
+async def test_a_console_served_on_another_address_answers_only_the_names_it_was_told(
         client: durable.Client) -> None:
-    """Served on every address, the console answers a request that reached a non-loopback
-    address whatever its ``Host`` (it was exposed on purpose: a proxy's name, a DNS name;
-    its actions need the token), and still refuses a foreign name on loopback."""
+    """Served on every address, the console answers a request that reached an address of
+    the machine's network only when it names an address, the host of ``console_url`` or a
+    name given in ``allow_hosts``: a site the operator visits can make its name resolve to
+    that address as well as to 127.0.0.1 (DNS rebinding). Another name gets 403 and one line
+    saying how to name the host. ``*`` answers any name. (Before, any name was answered
+    there: the console was taken as exposed on purpose.)"""
     address = _outward_address()
     if address is None:
         pytest.skip("this machine has no address but loopback")
-    async with console(client, bind="0.0.0.0") as http:
+    async with console(client, bind="0.0.0.0", console_url="http://durable.internal:8080",
+                       allow_hosts=("Console.Example.org",)) as http:
         port = http.base_url.port
         async with httpx.AsyncClient(base_url=f"http://{address}:{port}", timeout=10) as out:
-            served = await out.get("/runs", headers={"Host": "console.example.org"})
-            assert served.status_code == 200, served.text
+            for host in (f"{address}:{port}", "console.example.org", "durable.internal:8080",
+                         "CONSOLE.example.org.:443"):
+                served = await out.get("/runs", headers={"Host": host})
+                assert served.status_code == 200, (host, served.text)
+            refused = await out.get("/runs", headers={"Host": f"rebind.example:{port}"})
+            assert refused.status_code == 403, refused.text
+            assert refused.text.count("\n") == 1 and "DNS rebinding" in refused.text
+            assert f"open http://{address}:{port}/runs" in refused.text
+            assert "--allow-host rebind.example\n" in refused.text
+            api = await out.post("/api/runs/x/cancel", headers={"Host": "rebind.example"})
+            assert api.status_code == 403
         local = await http.get(f"http://127.0.0.1:{port}/runs",
-                               headers={"Host": "console.example.org"})
-        assert local.status_code == 403 and "DNS rebinding" in local.text
+                               headers={"Host": "rebind.example"})
+        assert local.status_code == 403 and "loopback address" in local.text
+    async with console(client, bind="0.0.0.0", allow_hosts=("*",)) as http:
+        port = http.base_url.port
+        async with httpx.AsyncClient(base_url=f"http://{address}:{port}", timeout=10) as out:
+            served = await out.get("/runs", headers={"Host": "any.example.org"})
+            assert served.status_code == 200, served.text
+
+
+@pytest.mark.parametrize(("local", "host", "named", "anywhere", "refused"), [
+    ("192.0.2.7", "evil.example", None, False, False),  # the metrics' rule: loopback only
+    ("192.0.2.7", "evil.example", None, True, True),  # the console's: every address
+    ("192.0.2.7", "192.0.2.7:8080", None, True, False),
+    ("192.0.2.7", "durable.internal", ["x.example", "durable.internal"], True, False),
+    ("192.0.2.7", "evil.example", ["x.example", "durable.internal"], True, True),
+    ("192.0.2.7", "evil.example", ["*"], True, False),
+    ("127.0.0.1", "evil.example", ["*"], True, False),
+    ("127.0.0.1", "evil.example", [], False, True),
+])
+def test_the_names_a_server_answers_on_each_address(
+        local: str, host: str, named: list[str] | None, anywhere: bool, refused: bool) -> None:
+    assert foreign_name(local, host, named, anywhere=anywhere) is refused
 
 
 @pytest.mark.parametrize(("host", "named", "refused"), [

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .._approval import APPROVE, approval_view, send_decision
 from .._client import Client
 from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
-from .._hosts import foreign_name
+from .._hosts import foreign_name, loopback
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
 from .._report import RecoveryReport, parse_time, utc
@@ -311,8 +311,11 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def create_app(client: Client, *, token: str | None = None, console_url: str | None = None,
-               poll_timeout: float = 5.0, fail_threshold: int = 2) -> Starlette:
-    """The console over ``client``'s store. ``token``: the admin token (None: read-only)."""
+               allow_hosts: Sequence[str] = (), poll_timeout: float = 5.0,
+               fail_threshold: int = 2) -> Starlette:
+    """The console over ``client``'s store. ``token``: the admin token (None: read-only).
+    It answers requests that name an address, ``localhost``, the host of ``console_url``
+    or one of ``allow_hosts`` (``"*"``: any name); others get 403 (DNS rebinding)."""
     console = Console(client, token=token, console_url=console_url,
                       poll_timeout=poll_timeout, fail_threshold=fail_threshold)
 
@@ -505,8 +508,8 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
     ]
     app = Starlette(routes=routes)
     app.state.console = console
-    named = urlsplit(console_url).hostname if console_url else None
-    return _Headers(_LoopbackNames(app, named))  # type: ignore[return-value]
+    named = [urlsplit(console_url).hostname or ""] if console_url else []
+    return _Headers(_KnownNames(app, [*named, *allow_hosts]))  # type: ignore[return-value]
 
 
 def _safe(data: Any) -> Any:
@@ -526,31 +529,38 @@ _SECURITY_HEADERS = [
 ]
 
 
-class _LoopbackNames:
-    """A request that reached a loopback address must name an address, ``localhost``, or
-    the host of ``--console-url``. A page of any site the operator visits can have its
-    name resolve to 127.0.0.1 (DNS rebinding): the browser then treats the console as that
-    site's own, and its scripts read every page (runs, journals, errors). Such a request
-    carries that site's name in ``Host``: it is refused (403), before any page is built. A
-    console served on another address was exposed on purpose, and its actions need the
-    token."""
+class _KnownNames:
+    """A request must name an address, ``localhost``, the host of ``--console-url`` or a
+    name given with ``--allow-host``, on whatever address it reached. A page of any site
+    the operator visits can have its name resolve to 127.0.0.1, or to the address the
+    console serves on in the operator's network (DNS rebinding): the browser then treats
+    the console as that site's own, and its scripts read every page (runs, journals,
+    errors). Such a request carries that site's name in ``Host``: it is refused (403),
+    before any page is built, with one line saying how to open the console or name it.
+    (Before, a console on another address than loopback answered any name, as exposed on
+    purpose; ``--allow-host '*'`` still does.)"""
 
-    def __init__(self, app: ASGIApp, named: str | None) -> None:
+    def __init__(self, app: ASGIApp, names: Sequence[str]) -> None:
         self.app = app
-        self.named = named  # foreign_name compares it without case
+        self.names = tuple(names)  # foreign_name compares them without case
         self.state = getattr(app, "state", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         server = scope.get("server") if scope["type"] == "http" else None
         if server is not None:
             host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
-            if foreign_name(str(server[0]), host, self.named):
-                address, port = str(server[0]), server[1]
+            address, port = str(server[0]), server[1]
+            if foreign_name(address, host, self.names, anywhere=True):
                 shown = f"[{address}]" if ":" in address else address
+                name = (urlsplit(f"//{host}").hostname or host).rstrip(".")
+                where = ("a loopback address (another site's page, by DNS rebinding)"
+                         if loopback(address) else
+                         f"{shown}, a name this console was not told to answer (another "
+                         f"site's page could reach it by DNS rebinding)")
                 response = Response(
-                    f"durable console: refused a request for host {host!r} that reached a "
-                    f"loopback address (another site's page, by DNS rebinding); open "
-                    f"http://{shown}:{port}/runs, or name this host in --console-url\n",
+                    f"durable console: refused a request for host {host!r} that reached "
+                    f"{where}; open http://{shown}:{port}/runs, or name this host in "
+                    f"--console-url or --allow-host {name}\n",
                     403, media_type="text/plain")
                 await response(scope, receive, send)
                 return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -60,15 +61,38 @@ def add_options(parser: argparse.ArgumentParser, *, worker: bool) -> None:
         "--token-file", metavar="FILE",
         help="file holding the admin token that cancel and replay need (default: "
              f"${TOKEN_ENV}; without either the console is read-only)")
+    parser.add_argument(
+        "--allow-host", dest="allow_hosts", action="append", default=[], metavar="NAME",
+        help="a host name the console answers besides addresses, localhost and the host of "
+             "--console-url (a request naming another is refused: DNS rebinding); "
+             "repeatable; '*' answers any name")
 
 
-async def serve_client(client: Client, sock: socket.socket, token: str | None) -> None:
+_HOST_NAME = re.compile(r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.?)+")
+
+
+def allowed_hosts(values: list[str]) -> list[str]:
+    """The ``--allow-host`` names (lowercase), or ConfigError for one that is not a host
+    name (a port, a scheme, a path) or ``*``."""
+    names = []
+    for value in values:
+        name = value.strip()
+        if name != "*" and (len(name) > 253 or not _HOST_NAME.fullmatch(name)):
+            raise ConfigError(f"--allow-host {value!r} is not a host name: give the name "
+                              "alone (console.example.org), or '*' for any name")
+        names.append(name.lower())
+    return names
+
+
+async def serve_client(client: Client, sock: socket.socket, token: str | None,
+                       allow_hosts: list[str] | None = None) -> None:
     """Serve the console over ``client`` on the bound ``sock`` until cancelled, announcing
     its URL on stderr."""
     from . import create_app, serve, url_of
 
     url = url_of(sock)
-    app = create_app(client, token=token, console_url=client.console_url or url)
+    app = create_app(client, token=token, console_url=client.console_url or url,
+                     allow_hosts=allow_hosts or ())
     async with anyio.create_task_group() as tg:
         await tg.start(serve, app, sock)
         mode = "read-only" if token is None else "cancel and replay need the admin token"
