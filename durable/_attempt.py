@@ -158,6 +158,12 @@ class Attempt:
         """The worker's interceptors (None: none, and nothing is called)."""
         self._info: AttemptInfo | None = None
         self._told_lost = False
+        self.deadline: float | None = None
+        """When the workflow's ``timeout`` runs out, on the store's clock, once known: it
+        counts from the first attempt's claim (:attr:`History.started_at`), so a later
+        attempt (after a crash, a release, a durable wait) gets what is left of it."""
+        self._deadline_at: float | None = None  # the same moment on anyio's clock
+        self._no_code_ran = False  # failed before any workflow code: earlier steps in doubt
         self.claim: PendingClaim | None = None
         """Set while the run is only read, not claimed yet (durable/_claims.py): the first
         journal write commits the claim with it."""
@@ -553,15 +559,38 @@ class Attempt:
         if timeout is None:  # no scope of its own: the attempt's scope is enough
             result = await wf.fn(WorkflowContext(self), *self.run.args)
         else:
-            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as wf_scope:
+            left, since = timeout, ""
+            started = steps.history.started_at  # None: the journal was not read (attempt 1)
+            if self.run.attempt > 1 and started is not None:  # what earlier ones left
+                from ._report import utc as _utc
+
+                self.deadline = started + timeout
+                left = self.deadline - await self.store.now()
+                since = (f" (counted from its first attempt, claimed at "
+                         f"{_utc(started)})")
+                if left <= 0:  # its time ran out while it waited, or before this claim
+                    self._no_code_ran = True
+                    return ("failed", TimeoutError(
+                        f"workflow timed out after {timeout:g} s{since}, before attempt "
+                        f"{self.run.attempt} began"))
+            self._deadline_at = anyio.current_time() + left
+            with anyio.CancelScope(deadline=self._deadline_at) as wf_scope:
                 result = await wf.fn(WorkflowContext(self), *self.run.args)
             if wf_scope.cancelled_caught:
-                return ("failed", TimeoutError(f"workflow timed out after {timeout:g} s"))
+                return ("failed", TimeoutError(f"workflow timed out after {timeout:g} s{since}"))
         if steps.doom is not None:
             return ("failed", steps.doom)
         refuse_unknown(result)
         check_journalable(result, "the workflow's result")
         return ("completed", result)
+
+    async def _store_deadline(self) -> float | None:
+        """:attr:`deadline` (None: the workflow has no timeout), read off the store's clock
+        for a first attempt, whose deadline was set on anyio's without a read."""
+        if self.deadline is None and self._deadline_at is not None:
+            left = self._deadline_at - anyio.current_time()
+            self.deadline = await self.store.now() + left
+        return self.deadline
 
     async def _stale_read(self) -> StaleRecordError | None:
         """A resumed run replays the records it read from its journal; if one changed since
@@ -606,7 +635,8 @@ class Attempt:
                 final = EntryKind.RUN_FAILED
                 said = lambda: log.warning("run_failed", error=message)  # noqa: E731
                 entries = self._take_deferred(
-                    [*steps.doubt_entries("the run failed while it was in flight"),
+                    [*steps.doubt_entries("the run failed while it was in flight",
+                                          earlier=self._no_code_ran),
                      JournalWrite(final, data=data)])
                 ok = await self._finish(Finish(self.fence, RunState.FAILED, error=message,
                                                entries=tuple(entries)))
@@ -627,13 +657,19 @@ class Attempt:
             elif kind == "suspended":  # a long wait: released, due at its time (or signal)
                 ended = "released"
                 wait: Suspended = value
+                until, reason = wait.until, wait.reason
+                deadline = await self._store_deadline()
+                if deadline is not None and (until is None or deadline < until):
+                    # due again when the workflow's time runs out, to fail then (not when
+                    # a wait longer than its timeout would have ended)
+                    until, reason = deadline, f"{reason}, cut short by the workflow's timeout"
                 final = EntryKind.RUN_WAITING
                 said = lambda: log.info(  # noqa: E731
-                    "run_waiting", until=wait.until, reason=wait.reason, signal=wait.signal)
+                    "run_waiting", until=until, reason=reason, signal=wait.signal)
                 entries = self._take_deferred([JournalWrite(final, data={
-                    "until": wait.until, "reason": wait.reason, "signal": wait.signal})])
+                    "until": until, "reason": reason, "signal": wait.signal})])
                 ok = await self.fenced(lambda: self.store.release(
-                    self.fence, entries, run_at=NEVER if wait.until is None else wait.until,
+                    self.fence, entries, run_at=NEVER if until is None else until,
                     waiting_for=wait.signal, seen_signals=wait.seen), "release", len(entries))
             else:  # shutdown: give the run back at once
                 ended = "released"

@@ -729,7 +729,8 @@ def build_parser() -> _Parser:
                    help="start after this many seconds; cancellable until then "
                         "(default: at once)")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
-                   help="workflow deadline per attempt (default: none)")
+                   help="the run's timeout, in place of its workflow's: counted from its "
+                        "first attempt, across attempts (default: the workflow's, else none)")
     p.add_argument("--json", action="store_true", help="print the run as JSON")
     p.set_defaults(func=_cmd_start)
 

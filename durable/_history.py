@@ -106,6 +106,9 @@ class History:
         """The latest version of each record this run read (``get_record``) or wrote under
         a condition (``set_records``), over all its attempts and replays: what its next
         write of that record is conditioned on (compare-and-set)."""
+        self.started_at: float | None = None
+        """When the run's first attempt since it was created or last replayed was claimed
+        (the store's clock): a workflow's ``timeout`` counts from there, across attempts."""
 
     @classmethod
     def fold(cls, entries: Iterable[JournalEntry]) -> History:
@@ -144,7 +147,10 @@ class History:
         kind = entry.kind
         if kind is EntryKind.RUN_REPLAYED:
             self._replayed(entry)
+            self.started_at = None  # a replay's first attempt starts the timeout anew
             return
+        if kind is EntryKind.RUN_CLAIMED and self.started_at is None:
+            self.started_at = entry.at
         if entry.step_key is None or entry.step is None:
             return
         self._record_versions(entry)

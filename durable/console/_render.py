@@ -258,7 +258,7 @@ def header(d: RunDetail) -> str:
     if run.recoveries:
         rows.append(("recoveries", str(run.recoveries)))
     if run.timeout is not None:
-        rows.append(("deadline per attempt", duration(run.timeout)))
+        rows.append(("timeout", f"{duration(run.timeout)} from its first attempt"))
     if run.state is RunState.COMPLETED:
         rows.append(("result", f"<code>{text(run.result)}</code>"))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)

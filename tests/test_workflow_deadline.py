@@ -1,0 +1,143 @@
+"""A workflow's ``timeout`` (or a run's ``start(timeout=)``) counts from its first attempt's
+claim, across attempts: a run recovered after a crash, released for a durable wait or
+given back at a shutdown gets what is left of it, not the whole timeout again, and a wait
+longer than what is left makes the run due when the time runs out, to fail then. A replay
+counts it anew. Before, it was a deadline per attempt: a run that kept being resumed, or
+slept, was never bounded by it. On SQLite and PostgreSQL, asyncio and trio; the store's
+time is a FakeClock, the attempt's time left is real."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import durable
+from durable import RunState
+from durable._clock import FakeClock
+from durable._types import EntryKind
+
+from .helpers import died_in_step_one, given_away, poll, running_worker
+from .httpserver import LoopbackServer, Rule, loopback_server
+from .pg import pg_url, postgres_server
+from .test_guard_history_waits import finished, waiting_in
+from .waiting import client, clock, store_url
+
+__all__ = ["client", "clock", "pg_url", "postgres_server", "store_url"]
+
+pytestmark = pytest.mark.anyio
+
+HOUR = 3600.0
+LEASE = 30.0  # died_in_step_one's
+
+
+def flows(registry: durable.Registry, server: LoopbackServer, timeout: float) -> None:
+    @durable.activity("slow", registry=registry)
+    async def slow(ctx: durable.ActivityContext) -> str:
+        r = await ctx.http.get(f"{server.url}/slow")
+        return str(r.json())
+
+    @durable.workflow("bounded", registry=registry, timeout=timeout)
+    async def bounded(ctx: durable.WorkflowContext) -> str:
+        return await slow(ctx)
+
+
+async def test_a_timeout_that_ran_out_before_a_recovery_fails_the_run_and_a_replay_starts_it_anew(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """A worker died in step 1 of a run with a 60 s timeout; its lease lapses and the clock
+    moves past the timeout: the next attempt runs nothing (the service sees no request), and
+    the run fails, step 1 journaled in doubt. A replay has the whole timeout again: it
+    completes."""
+    async with loopback_server() as server:
+        server.on("/slow", Rule(hang=True))
+        flows(registry, server, timeout=60)
+        dead = await died_in_step_one(client, "bounded", "b1", "slow")
+        clock.advance(LEASE + 31)  # 61 s after the dead worker's claim
+        await poll(lambda: given_away(client.store, "b1", dead.epoch), timeout=10)
+        async with running_worker(client, registry):
+            failed = await poll(lambda: finished(client, "b1"), timeout=15)
+            assert failed.state is RunState.FAILED and failed.attempt == 2, failed
+            assert failed.error is not None
+            assert "workflow timed out after 60 s (counted from its first attempt" in failed.error
+            assert "before attempt 2 began" in failed.error
+            assert server.seen("/slow") == []
+            journal = await client.store.journal("b1")
+            doubt = [e for e in journal if e.kind is EntryKind.STEP_IN_DOUBT]
+            assert [e.step for e in doubt] == [1], journal
+            server.rules["/slow"] = [Rule(body={"deleted": True})]
+            await client.replay("b1", in_doubt="rerun")
+            done = await client.wait("b1", timeout=15)
+    assert done.state is RunState.COMPLETED, done.error
+    assert done.attempt == 3
+
+
+async def test_a_recovered_attempt_gets_only_what_is_left_of_the_timeout(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """Timeout 40 s; a worker died in step 1 and the clock moved 39.5 s: the recovered
+    attempt has half a second, and its request in flight is aborted when it runs out (with
+    the whole timeout again the run would still be waiting on the service)."""
+    async with loopback_server() as server:
+        server.on("/slow", Rule(hang=True))
+        flows(registry, server, timeout=40)
+        dead = await died_in_step_one(client, "bounded", "b2", "slow")
+        clock.advance(39.5)
+        await poll(lambda: given_away(client.store, "b2", dead.epoch), timeout=10)
+        async with running_worker(client, registry):
+            done = await client.wait("b2", timeout=10)
+            [seen] = server.seen("/slow")
+            await server.wait_for(lambda: seen.disconnected_at is not None)
+    assert done.state is RunState.FAILED and done.attempt == 2
+    assert done.error is not None
+    assert "workflow timed out after 40 s (counted from its first attempt" in done.error
+    assert "before attempt" not in done.error  # it ran, and was cut off
+
+
+@pytest.mark.parametrize("waits", ["sleep", "signal"])
+async def test_a_durable_wait_longer_than_the_timeout_ends_when_the_timeout_does(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock,
+        waits: str) -> None:
+    """A run with a 60 s timeout sleeps an hour (or waits for a signal with no timeout of
+    its own): it is released to be due in 60 s, not in an hour (or never), and then fails
+    at once, running nothing more."""
+    ran: list[str] = []
+
+    @durable.workflow("napping", registry=registry, timeout=60)
+    async def napping(ctx: durable.WorkflowContext) -> str:
+        ran.append("started")
+        if waits == "sleep":
+            await ctx.sleep(HOUR)
+        else:
+            await ctx.wait_for("go")
+        ran.append("woke")
+        return "woke"
+
+    async with running_worker(client, registry):
+        await client.start("napping", id="nap")
+        released = await waiting_in(client, "nap", 1)
+        assert released.run_at == pytest.approx(clock.now() + 60, abs=5)
+        [waiting] = [e for e in await client.store.journal("nap")
+                     if e.kind is EntryKind.RUN_WAITING]
+        assert "cut short by the workflow's timeout" in waiting.data["reason"]
+        clock.advance(61)
+        done = await poll(lambda: finished(client, "nap"), timeout=15)
+    assert done.state is RunState.FAILED and done.attempt == 2
+    assert done.error is not None and "before attempt 2 began" in done.error
+    assert ran == ["started"]
+
+
+async def test_a_wait_shorter_than_the_timeout_is_not_moved(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """A sleep that ends within the timeout keeps its wake time, and the run completes after
+    it with the time that is left."""
+    @durable.workflow("short.nap", registry=registry, timeout=HOUR)
+    async def short_nap(ctx: durable.WorkflowContext) -> str:
+        await ctx.sleep(60)
+        return "woke"
+
+    async with running_worker(client, registry):
+        await client.start("short.nap", id="short")
+        released = await waiting_in(client, "short", 1)
+        assert released.run_at == pytest.approx(clock.now() + 60, abs=1)
+        with anyio.fail_after(15):
+            clock.advance(61)
+            done = await client.wait("short", timeout=15)
+    assert done.state is RunState.COMPLETED and done.result == "woke"
