@@ -21,6 +21,7 @@ import pytest
 import durable
 from durable._hosts import foreign_name, rebindable
 from durable._shapes import run_json, show_json
+from durable._types import EntryKind, Fence, RunState
 from durable.console import bind_socket, create_app, serve
 
 from .helpers import poll, running_worker
@@ -135,6 +136,30 @@ async def test_run_page_and_api_show_the_journal(client: durable.Client,
         assert 'class="step state-failed" id="step-3"' in failed.text
         assert "Recovery report" in failed.text
         assert 'href="#step-3"' in failed.text  # the report links to the failed step
+
+
+async def test_a_running_run_s_page_says_when_its_timeout_runs_out(
+        fclient: durable.Client, clock: durable.FakeClock,
+        flow_registry: durable.Registry) -> None:
+    """A run started with a timeout: its page says when the time runs out, counted from its
+    first attempt's claim (not from this attempt's), and no longer once the run ended."""
+    from durable._report import utc
+
+    client = fclient
+    await client.start("t.ok", "slot-1", id="timed", timeout=600)
+    [first] = await client.store.claim("w-1", 30.0, 1, run_id="timed")
+    assert await client.store.release(Fence(first.id, first.epoch))  # given back
+    clock.advance(5)
+    [second] = await client.store.claim("w-2", 30.0, 1, run_id="timed")
+    claims = [e.at for e in await client.journal("timed") if e.kind is EntryKind.RUN_CLAIMED]
+    assert len(claims) == 2 and claims[1] == claims[0] + 5
+    async with console(client) as http:
+        page = (await http.get("/runs/timed")).text
+        assert "10.0 min from its first attempt, runs out" in page
+        assert utc(claims[0] + 600) in page and utc(claims[1] + 600) not in page
+        assert await client.store.finish(Fence(second.id, second.epoch), RunState.COMPLETED)
+        ended = (await http.get("/runs/timed")).text
+        assert "10.0 min from its first attempt<" in ended and "runs out" not in ended
 
 
 async def test_live_fragment_is_final_only_when_the_run_ended(

@@ -257,8 +257,11 @@ def header(d: RunDetail) -> str:
     ]
     if run.recoveries:
         rows.append(("recoveries", str(run.recoveries)))
-    if run.timeout is not None:
-        rows.append(("timeout", f"{duration(run.timeout)} from its first attempt"))
+    if run.timeout is not None:  # counted from the first claim since its last replay
+        since = History.fold(d.entries).started_at
+        ends = ("" if since is None or run.state.finished
+                else f", runs out {when(since + run.timeout, ago=False)}")
+        rows.append(("timeout", f"{duration(run.timeout)} from its first attempt{ends}"))
     if run.state is RunState.COMPLETED:
         rows.append(("result", f"<code>{text(run.result)}</code>"))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
