@@ -31,8 +31,8 @@ async def test_two_resets_of_different_slots_side_by_side_both_complete(ops: Ops
                            times=1)
     await ops.client.start("slot.reset", "slot-a", id="reset-a", key="slot-a")
     async with running_worker(ops.client, durable.default_registry):
-        await ops.services.wait_for_entry(
-            lambda e: e["path"] == "/api/v1/applications/app-slot-a")
+        await ops.services.wait_for_entry(  # held by the fault, not only arrived
+            lambda e: e["path"] == "/api/v1/applications/app-slot-a" and e["faults"])
         await ops.client.start("slot.reset", "slot-b", id="reset-b", key="slot-b")
         b = await ops.client.wait("reset-b", timeout=30)
         assert b.state is RunState.COMPLETED, b.error

@@ -134,7 +134,9 @@ async def test_someone_elses_repository_is_not_taken_for_the_create_in_doubt(
     ops.services.add_fault(TARGET, method="POST", hang=True, times=1)
     await ops.client.start("slot.promote", "slot-1", "acme/shop", key="slot-1", id="promote-8")
     with worker_process(ops, "--lease", "1") as proc:
-        await ops.services.wait_for_entry(lambda e: e["method"] == "POST")
+        # held: the fault took it (the entry is made on arrival, before its body is read;
+        # a kill in between left the fault for the next attempt's create, which then hung)
+        await ops.services.wait_for_entry(lambda e: e["method"] == "POST" and e["faults"])
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     ops.services.seed(repositories=[{"workspace": "acme", "slug": "shop",

@@ -185,7 +185,8 @@ async def test_a_service_that_saw_a_newer_fencing_token_stops_the_attempt(ops: O
     await ops.client.start("slot.reset", "slot-10", id="reset-10", key="slot-10")
     counters = durable.Counters()
     async with running_worker(ops.client, durable.default_registry, interceptors=[counters]):
-        await ops.services.wait_for_entry(lambda e: e["path"] == db)  # the delete is held
+        await ops.services.wait_for_entry(  # the delete is held (the fault took it)
+            lambda e: e["path"] == db and e["faults"])
         async with httpx.AsyncClient() as http:  # meanwhile a newer attempt of the key
             newer = await http.get(f"{ops.services.url}{db}", headers={
                 "Authorization": f"Bearer {ops.services.token}", durable.FENCING_HEADER: "999",

@@ -75,7 +75,8 @@ async def test_a_reset_cancelled_after_the_vacant_write_reads_done(ops: Ops) -> 
     ops.services.add_fault("/hooks/slots", method="POST", hang=True)
     await ops.client.start("slot.reset", "slot-4", key="slot-4", id="reset-4")
     async with running_worker(ops.client, durable.default_registry):
-        await ops.services.wait_for_entry(lambda e: e["path"] == "/hooks/slots")
+        await ops.services.wait_for_entry(  # held by the fault, not only arrived
+            lambda e: e["path"] == "/hooks/slots" and e["faults"])
         assert await reset_status(ops.client, "slot-4") == "done"  # vacant, notifying
         await ops.client.cancel("reset-4")
         done = await ops.client.wait("reset-4", timeout=30)
