@@ -657,17 +657,21 @@ class Attempt:
             elif kind == "suspended":  # a long wait: released, due at its time (or signal)
                 ended = "released"
                 wait: Suspended = value
-                until, reason = wait.until, wait.reason
+                until, short = wait.until, False
                 deadline = await self._store_deadline()
                 if deadline is not None and (until is None or deadline < until):
                     # due again when the workflow's time runs out, to fail then (not when
                     # a wait longer than its timeout would have ended)
-                    until, reason = deadline, f"{reason}, cut short by the workflow's timeout"
+                    until, short = deadline, True
                 final = EntryKind.RUN_WAITING
                 said = lambda: log.info(  # noqa: E731
-                    "run_waiting", until=until, reason=reason, signal=wait.signal)
-                entries = self._take_deferred([JournalWrite(final, data={
-                    "until": until, "reason": reason, "signal": wait.signal})])
+                    "run_waiting", until=until, reason=wait.reason, signal=wait.signal,
+                    cut_short=short)
+                waited: dict[str, JSON] = {
+                    "until": until, "reason": wait.reason, "signal": wait.signal}
+                if short:  # the wait's own end came after the workflow's timeout
+                    waited["cut_short"] = True
+                entries = self._take_deferred([JournalWrite(final, data=waited)])
                 ok = await self.fenced(lambda: self.store.release(
                     self.fence, entries, run_at=NEVER if until is None else until,
                     waiting_for=wait.signal, seen_signals=wait.seen), "release", len(entries))

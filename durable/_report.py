@@ -697,17 +697,24 @@ def waiting_phrase(run: Run, entries: Sequence[JournalEntry] | None = None,
     runs list), a run that started and is due later says when it is due."""
     if run.state is not RunState.QUEUED or run.attempt == 0:
         return None
+    last = next((e for e in reversed(entries or ()) if e.kind in _RELEASES), None)
+    short = (CUT_SHORT if last is not None and last.kind is EntryKind.RUN_WAITING
+             and last.data.get("cut_short") else "")
     if run.waiting_for is not None:
         until = "no timeout" if run.run_at >= NEVER else f"until {utc(run.run_at)}"
-        return f"for signal {run.waiting_for!r}, {until}"
+        return f"for signal {run.waiting_for!r}, {until}{short}"
     if entries is None:
         return (f"until {utc(run.run_at)}" if now is not None and run.run_at > now
                 else None)
-    last = next((e for e in reversed(entries) if e.kind in _RELEASES), None)
     if last is None or last.kind is not EntryKind.RUN_WAITING:
         return None
     reason = last.data.get("reason") or "sleep"
-    return f"{'sleeping' if reason == 'sleep' else reason} until {utc(run.run_at)}"
+    return f"{'sleeping' if reason == 'sleep' else reason} until {utc(run.run_at)}{short}"
+
+
+CUT_SHORT = " (when the workflow's timeout runs out: the run then fails)"
+"""Said of a durable wait whose own end came after the workflow's timeout (``cut_short``
+in its ``run_waiting`` entry): the run is due when the timeout runs out, and fails."""
 
 
 _RELEASES = frozenset({EntryKind.RUN_WAITING, EntryKind.RUN_CLAIMED, EntryKind.RUN_INTERRUPTED,
@@ -762,6 +769,8 @@ def _event_phrase(row: dict[str, JSON]) -> str:
             what = f"waiting for signal {detail['signal']!r}, {limit}"
         else:
             what = f"{'sleeping' if reason == 'sleep' else reason} until {when('until')}"
+        if detail.get("cut_short"):
+            what += CUT_SHORT
         return f"attempt ended to wait without a lease: {what}"
     if kind == "signal_sent":
         origin = detail.get("origin") if isinstance(detail.get("origin"), dict) else {}

@@ -14,6 +14,7 @@ import pytest
 import durable
 from durable import RunState
 from durable._clock import FakeClock
+from durable._report import CUT_SHORT, render_timeline, waiting_phrase
 from durable._types import EntryKind
 
 from .helpers import died_in_step_one, given_away, poll, running_worker
@@ -114,9 +115,16 @@ async def test_a_durable_wait_longer_than_the_timeout_ends_when_the_timeout_does
         await client.start("napping", id="nap")
         released = await waiting_in(client, "nap", 1)
         assert released.run_at == pytest.approx(clock.now() + 60, abs=5)
-        [waiting] = [e for e in await client.store.journal("nap")
-                     if e.kind is EntryKind.RUN_WAITING]
-        assert "cut short by the workflow's timeout" in waiting.data["reason"]
+        journal = await client.store.journal("nap")
+        [waiting] = [e for e in journal if e.kind is EntryKind.RUN_WAITING]
+        assert waiting.data["cut_short"] is True
+        assert waiting.data["reason"] == ("sleep" if waits == "sleep" else "signal")
+        said = waiting_phrase(released, journal)
+        assert said is not None and said.endswith(CUT_SHORT), said
+        shown = " ".join(render_timeline(released, journal, width=400).split())
+        assert "attempt ended to wait without a lease" in shown
+        # said of the run's state, and of the release in its timeline
+        assert shown.count(" ".join(CUT_SHORT.split())) == 2, shown
         clock.advance(61)
         done = await poll(lambda: finished(client, "nap"), timeout=15)
     assert done.state is RunState.FAILED and done.attempt == 2
