@@ -1,7 +1,8 @@
 """Where a sequential run's time goes: its steps against the run's own cost (SQLite).
 
 Runs of 1 step and of 9 steps (``--runs`` each, one at a time, ``scripts/bench.py``'s
-engine workload with the store's sqlite3 calls timed), alternating ``--repeat`` times; from
+engine workload with the store's sqlite3 calls timed), after a warm-up of each that is not
+counted, alternating ``--repeat`` times; from
 the medians, per step and per run besides its steps: the wall time, the part of it in
 sqlite3's calls (in the event loop's thread), and the CPU time of the process.
 
@@ -27,6 +28,8 @@ if str(HERE) not in sys.path:
 import bench  # noqa: E402  (scripts/bench.py: the engine workload)
 
 SHORT, LONG = 1, 9
+WARM_UP = 20
+"""Runs of each length made, and not counted, before the measured ones."""
 FIGURES = ("wall_ms", "sqlite_ms", "cpu_ms")
 
 
@@ -34,6 +37,11 @@ async def measure(runs: int, repeat: int) -> dict[str, Any]:
     bench.configure_logging()
     per_run: dict[int, list[dict[str, float]]] = {SHORT: [], LONG: []}
     with tempfile.TemporaryDirectory(prefix="durable-split-") as tmp:
+        for steps in (SHORT, LONG):  # warm-up, not counted: the first runs of a process
+            bench.STEPS = steps      # cost more (imports, caches, the first database)
+            await bench.run_engine(f"sqlite:///{Path(tmp) / f'warm-{steps}.db'}",
+                                   min(runs, WARM_UP), concurrency=1, start_at_once=False,
+                                   label=f"warm{steps}", timed=True)
         for i in range(repeat):
             for steps in (SHORT, LONG):
                 bench.STEPS = steps
