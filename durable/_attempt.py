@@ -657,13 +657,16 @@ class Attempt:
             elif kind == "suspended":  # a long wait: released, due at its time (or signal)
                 ended = "released"
                 wait: Suspended = value
+                final = EntryKind.RUN_WAITING
                 until, short = wait.until, False
-                deadline = await self._store_deadline()
+                try:
+                    deadline = await self._store_deadline()
+                except StoreError:  # released as the wait asks: the next attempt still
+                    deadline = None  # fails on claim if its time has run out
                 if deadline is not None and (until is None or deadline < until):
                     # due again when the workflow's time runs out, to fail then (not when
                     # a wait longer than its timeout would have ended)
                     until, short = deadline, True
-                final = EntryKind.RUN_WAITING
                 said = lambda: log.info(  # noqa: E731
                     "run_waiting", until=until, reason=wait.reason, signal=wait.signal,
                     cut_short=short)

@@ -8,6 +8,9 @@ time is a FakeClock, the attempt's time left is real."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import anyio
 import pytest
 
@@ -16,6 +19,7 @@ from durable import RunState
 from durable._clock import FakeClock
 from durable._report import CUT_SHORT, render_timeline, waiting_phrase
 from durable._types import EntryKind
+from durable.store._sqlite import SqliteStore
 
 from .helpers import died_in_step_one, given_away, poll, running_worker
 from .httpserver import LoopbackServer, Rule, loopback_server
@@ -149,3 +153,40 @@ async def test_a_wait_shorter_than_the_timeout_is_not_moved(
             clock.advance(61)
             done = await client.wait("short", timeout=15)
     assert done.state is RunState.COMPLETED and done.result == "woke"
+
+
+class ClockFailsAtRelease(SqliteStore):
+    """A real SQLite store whose clock cannot be read by the release of a run that waits
+    (fault injection at that one read: the store failing exactly there cannot be arranged
+    with a real outage, which would fail the writes around it too)."""
+
+    async def now(self) -> float:
+        if sys._getframe(1).f_code.co_name == "_store_deadline":
+            raise durable.StoreUnavailableError("database unreachable (injected)")
+        return await super().now()
+
+
+async def test_a_wait_whose_release_cannot_read_the_clock_is_released_as_it_asked(
+        tmp_path: Path, registry: durable.Registry) -> None:
+    """The store's time could not be read at the release (to cut the wait short): the run is
+    released all the same, due when its wait ends (the attempt that claims it then still
+    fails if the timeout has run out), not left held until its lease lapses."""
+    store = ClockFailsAtRelease(str(tmp_path / "c.db"))
+    await store.open()
+    client = durable.Client(store, registry=registry)
+
+    @durable.workflow("napping.long", registry=registry, timeout=60)
+    async def napping(ctx: durable.WorkflowContext) -> None:
+        await ctx.sleep(HOUR)
+
+    try:
+        async with running_worker(client, registry):
+            await client.start("napping.long", id="nap")
+            released = await waiting_in(client, "nap", 1)
+        journal = await store.journal("nap")
+        [waiting] = [e for e in journal if e.kind is EntryKind.RUN_WAITING]
+        [timer] = [e for e in journal if e.kind is EntryKind.TIMER_STARTED]
+        assert released.run_at == waiting.data["until"] == timer.data["until"]
+        assert "cut_short" not in waiting.data
+    finally:
+        await store.aclose()
