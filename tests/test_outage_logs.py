@@ -231,6 +231,11 @@ async def test_postgres_a_lasting_outage_is_logged_as_it_begins_and_as_it_ends(
                 await client.start("outage.noop", id="after")
                 with anyio.fail_after(BOUND):
                     assert (await client.wait("after")).result == "done"
+                # every loop that failed has run once since (the sweep's or the schedules'
+                # last try may still have been waiting for the pool when the claim loop
+                # recovered): then each has said so
+                await poll(lambda: _loops(captured, "_failed") <= _loops(
+                    captured, "_recovered"), timeout=BOUND)
                 worker.shutdown(grace=0)
         finally:
             logging.getLogger("durable.worker").removeHandler(named)
@@ -457,3 +462,10 @@ async def test_postgres_show_follow_goes_on_through_an_outage(
     assert _row(text, 1, "completed")
     # stderr: psycopg's pool warnings, in the command line's format, each once
     assert all("driver_message" in line for line in err.text.splitlines()), err.text
+
+
+def _loops(captured: list[dict[str, Any]], suffix: str) -> set[str]:
+    """The loops whose events with ``suffix`` (``_failed``, ``_recovered``) were logged; a
+    claim's read-back is a claim's aftermath, not a loop."""
+    return {e["event"].removesuffix(suffix) for e in captured
+            if e["event"].endswith(suffix) and e["event"] != "claim_read_back_failed"}
