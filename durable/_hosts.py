@@ -13,7 +13,7 @@ likes, and the page holds counts, not runs.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Collection
 from urllib.parse import urlsplit
 
 
@@ -41,15 +41,14 @@ def rebindable(name: str) -> bool:
     return False
 
 
-def foreign_name(local_address: str, host: str, named: str | Iterable[str] | None = None,
+def foreign_name(local_address: str, host: str, names: Collection[str] = (),
                  *, anywhere: bool = False) -> bool:
     """Whether a request that reached ``local_address`` with the ``Host`` header ``host``
     is to be refused: it names a host that is neither an address, ``localhost``, nor one
-    of ``named`` (the host of the server's configured URL, names it was told to answer;
+    of ``names`` (the host of the server's configured URL, names it was told to answer;
     ``*``: any), and it reached loopback, or any address when ``anywhere``."""
     if not anywhere and not loopback(local_address):
         return False
-    names = {named} if isinstance(named, str) else set(named or ())
     if "*" in names:
         return False
     name = (urlsplit(f"//{host}").hostname or "").rstrip(".")

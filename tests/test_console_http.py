@@ -532,7 +532,7 @@ async def test_a_console_served_on_another_address_answers_only_the_names_it_was
 ])
 def test_the_names_a_server_answers_on_each_address(
         local: str, host: str, named: list[str] | None, anywhere: bool, refused: bool) -> None:
-    assert foreign_name(local, host, named, anywhere=anywhere) is refused
+    assert foreign_name(local, host, named or [], anywhere=anywhere) is refused
 
 
 @pytest.mark.parametrize(("host", "named", "refused"), [
@@ -550,7 +550,7 @@ def test_a_host_the_server_was_named_is_served_in_either_form_and_others_refused
     """On loopback a Host header naming another site is refused (DNS rebinding); the name
     the console was given (``--console-url``) is served, with or without the final dot
     that makes a DNS name absolute, as ``localhost`` is."""
-    assert foreign_name("127.0.0.1", host, named) is refused
+    assert foreign_name("127.0.0.1", host, [named] if named else []) is refused
 
 
 @pytest.mark.parametrize(("name", "can_be_another_site"), [

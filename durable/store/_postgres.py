@@ -1339,8 +1339,7 @@ class PostgresStore(Store):
     # store's that is not: the bound and the await it costs per run): the statements that
     # end a run (finish_run, finish_batch, a release_run or request_cancel that ends it
     # cancelled) NOTIFY ``durable_done:<schema>`` (:func:`channel_name`) with ``<schema> <run
-    # id>`` themselves, delivered
-    # when they commit (no statement, no round trip of its own).
+    # id>`` themselves, delivered when they commit (no statement, no round trip of its own).
 
     async def wait_for_finished(self, run_id: str, timeout: float,
                                 since: object = None) -> None:
