@@ -555,6 +555,9 @@ class Attempt:
         if stale is not None:
             return ("failed", stale)
         wf = self.registry.workflow(self.run.workflow)
+        late = await self._started_late(wf.start_within)
+        if late is not None:
+            return ("failed", late)
         timeout = wf.timeout if self.run.timeout is None else self.run.timeout
         if timeout is None:  # no scope of its own: the attempt's scope is enough
             result = await wf.fn(WorkflowContext(self), *self.run.args)
@@ -583,6 +586,29 @@ class Attempt:
         refuse_unknown(result)
         check_journalable(result, "the workflow's result")
         return ("completed", result)
+
+    async def _started_late(self, default: float | None) -> TimeoutError | None:
+        """A first attempt claimed more than ``start_within`` seconds (the run's, else the
+        workflow's ``default``) after its run was due runs none of its code: the error
+        that fails the run, else None. The claim's time is the store's (its row's
+        ``updated_at``), so a claim still pending (durable/_claims.py) commits first: a
+        cost for such runs only. Later attempts (a recovery, a release, a replay) are not
+        checked: their run began in time, or an operator asked for it again."""
+        run = self.run
+        within = default if run.start_within is None else run.start_within
+        if within is None or run.attempt != 1:
+            return None
+        await self.ensure_claimed()
+        run = self.run  # as claimed
+        late = run.updated_at - run.run_at
+        if late <= within:
+            return None
+        from ._report import duration, utc
+
+        return TimeoutError(
+            f"the run did not start within {within:g} s of being due ({utc(run.run_at)}): "
+            f"its first attempt was claimed {duration(late)} after, at "
+            f"{utc(run.updated_at)}, and ran none of its code; replay it to run it now")
 
     async def _store_deadline(self) -> float | None:
         """:attr:`deadline` (None: the workflow has no timeout), read off the store's clock

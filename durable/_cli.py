@@ -41,7 +41,7 @@ from ._report import (
 from ._retention import PrunedRun, parse_duration, parse_states, prune
 from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
 from ._shapes import run_json, show_json
-from ._types import Run, RunState, check_key
+from ._types import Run, RunState, check_key, check_seconds
 from ._version import __version__
 from ._worker import Worker
 from .store import Store, store_from_url
@@ -166,11 +166,14 @@ async def _cmd_start(args: argparse.Namespace) -> int:
     values = [_parse_json_arg(a) for a in args.args]
     _check_start(args.workflow, values)
     check_times(timeout=args.timeout, delay=args.delay)  # before the database is opened
+    if args.start_within is not None:
+        check_seconds(args.start_within, "--start-within")
     check_key(args.key)
     async with Client.connect(args.db) as client:
         _say_created(client.store)
         run = await client.start(args.workflow, *values, id=args.id, key=args.key,
-                                 delay=args.delay, timeout=args.timeout)
+                                 delay=args.delay, timeout=args.timeout,
+                                 start_within=args.start_within)
     if args.json:
         print(json.dumps(run_json(run), indent=2))
     else:
@@ -731,6 +734,11 @@ def build_parser() -> _Parser:
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="the run's timeout, in place of its workflow's: counted from its "
                         "first attempt, across attempts (default: the workflow's, else none)")
+    p.add_argument("--start-within", type=float, metavar="SECONDS",
+                   help="its first attempt must be claimed within this many seconds of the "
+                        "run being due, or it fails the run without running any of its code "
+                        "(a deletion queued while no worker ran does not happen hours later; "
+                        "default: the workflow's, else no limit)")
     p.add_argument("--json", action="store_true", help="print the run as JSON")
     p.set_defaults(func=_cmd_start)
 

@@ -98,7 +98,8 @@ class Client:
     @overload  # a bound workflow: its arguments checked, with any option
     async def start(self, workflow: BoundWorkflow[Any], *, id: str | None = ...,
                     key: str | None = ..., run_at: When = ..., delay: float | None = ...,
-                    timeout: float | None = ...) -> Run: ...
+                    timeout: float | None = ...,
+                    start_within: float | None = ...) -> Run: ...
 
     @overload
     async def start(self, workflow: Workflow[P, Any], *args: P.args,
@@ -108,37 +109,49 @@ class Client:
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None, key: str | None = ...,
                     run_at: When = ..., delay: float | None = ...,
-                    timeout: float | None = ...) -> Run: ...
+                    timeout: float | None = ...,
+                    start_within: float | None = ...) -> Run: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None,
                     run_at: When = ..., delay: float | None = ...,
-                    timeout: float | None = ...) -> Run: ...
+                    timeout: float | None = ...,
+                    start_within: float | None = ...) -> Run: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When, delay: float | None = ...,
-                    timeout: float | None = ...) -> Run: ...
+                    timeout: float | None = ...,
+                    start_within: float | None = ...) -> Run: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When = ..., delay: float | None,
-                    timeout: float | None = ...) -> Run: ...
+                    timeout: float | None = ...,
+                    start_within: float | None = ...) -> Run: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When = ..., delay: float | None = ...,
-                    timeout: float | None) -> Run: ...
+                    timeout: float | None,
+                    start_within: float | None = ...) -> Run: ...
+
+    @overload
+    async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
+                    id: str | None = ..., key: str | None = ...,
+                    run_at: When = ..., delay: float | None = ...,
+                    timeout: float | None = ..., start_within: float | None) -> Run: ...
 
     @overload  # by name, no option
     async def start(self, workflow: str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When = ..., delay: float | None = ...,
-                    timeout: float | None = ...) -> Run: ...
+                    timeout: float | None = ...,
+                    start_within: float | None = ...) -> Run: ...
 
     async def start(
         self,
@@ -149,6 +162,7 @@ class Client:
         run_at: Any = None,
         delay: Any = None,
         timeout: Any = None,
+        start_within: Any = None,
         **kwargs: Any,
     ) -> Run:
         """Queue a run. Idempotent by ``id``: an existing run with that id is returned.
@@ -161,9 +175,13 @@ class Client:
         runs it; a run of a name no worker knows stays queued). ``key`` is the concurrency
         key: at most one run per key runs at a time. ``run_at`` (a datetime or epoch seconds)
         or ``delay`` (seconds) delays the start; a delayed run can be cancelled until it
-        starts. Reusing an id for another workflow, other arguments or another key raises
-        :class:`RunConflictError` and writes nothing. Arguments given by keyword (with the
-        Workflow object only) are journaled by position.
+        starts. ``timeout`` (seconds) bounds the run, counted from its first attempt's
+        claim; ``start_within`` (seconds) is how long after it is due its first attempt may
+        still be claimed: later, that attempt fails the run without running any of its code
+        (both in place of the workflow's own). Reusing an id for another workflow, other
+        arguments or another key raises :class:`RunConflictError` and writes nothing.
+        Arguments given by keyword (with the Workflow object only) are journaled by
+        position.
         """
         if isinstance(workflow, BoundWorkflow):
             if args or kwargs:
@@ -187,6 +205,8 @@ class Client:
             raise ConfigError("a run id must be a non-empty string")
         check_key(key)
         timeout, delay, when = check_times(timeout=timeout, delay=delay, run_at=run_at)
+        if start_within is not None:
+            start_within = check_seconds(start_within, "start_within")
         if when is None and delay:  # the store's time (PostgreSQL: the server's), which
             when = await self.store.now() + delay  # claims compare with
         # (no run_at and no delay: due at once, the store's time of the insert, taken by
@@ -197,7 +217,8 @@ class Client:
             info = StartInfo(run_id, name, key)
             tell(self._chain.start, info)
             headers = {str(k): str(v) for k, v in info.headers.items()} or None
-        new = NewRun(run_id, name, arg_list, key, when, timeout, headers=headers)
+        new = NewRun(run_id, name, arg_list, key, when, timeout, headers=headers,
+                     start_within=start_within)
         run, created = await self._answered(
             lambda: self.store.create_run(new), lambda: self._start_again(new),
             "start_outcome_unknown", f"the start of run {run_id!r}",

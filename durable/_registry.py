@@ -280,12 +280,18 @@ class Workflow(Generic[P, R]):
         *,
         name: str,
         timeout: float | None,
+        start_within: float | None = None,
     ) -> None:
         if timeout is not None:
             check_seconds(timeout, "a workflow timeout")
+        if start_within is not None:
+            check_seconds(start_within, "a workflow's start_within")
         self.fn = fn
         self.name = name
         self.timeout = timeout
+        self.start_within = start_within
+        """Its runs' first attempt must be claimed within this many seconds of their due
+        time, or it fails them without running (a start's own ``start_within`` wins)."""
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -388,22 +394,28 @@ def workflow(name: WorkflowFn[P, R], /) -> Workflow[P, R]: ...
 
 @overload
 def workflow(
-    name: str | None = None, *, timeout: float | None = None, registry: Registry | None = None
+    name: str | None = None, *, timeout: float | None = None,
+    start_within: float | None = None, registry: Registry | None = None
 ) -> Callable[[WorkflowFn[P, R]], Workflow[P, R]]: ...
 
 
 def workflow(
     name: str | WorkflowFn[P, R] | None = None, *, timeout: float | None = None,
-    registry: Registry | None = None,
+    start_within: float | None = None, registry: Registry | None = None,
 ) -> Workflow[P, R] | Callable[[WorkflowFn[P, R]], Workflow[P, R]]:
     """Declare ``async def f(ctx, *args)`` a workflow named ``name`` (default: its name).
 
     ``@durable.workflow`` or ``@durable.workflow("name", timeout=...)``; the result is a
-    :class:`Workflow` typed by ``f``.
+    :class:`Workflow` typed by ``f``. ``timeout``: seconds the run may take, counted from its
+    first attempt's claim; ``start_within``: seconds after a run is due within which its
+    first attempt must be claimed, or that attempt fails it without running any of its code
+    (a deletion queued while no worker ran does not happen hours later). A start's own
+    ``timeout`` and ``start_within`` take their places.
     """
 
     def decorate(fn: WorkflowFn[P, R]) -> Workflow[P, R]:
-        wf = Workflow(fn, name=label or fn.__qualname__, timeout=timeout)
+        wf = Workflow(fn, name=label or fn.__qualname__, timeout=timeout,
+                      start_within=start_within)
         (registry or default_registry).add_workflow(wf)
         return wf
 

@@ -490,6 +490,8 @@ class _View:
                 self.field("waiting", (waiting, None))
             else:
                 self.field("due", (utc(run.run_at), None))
+            if run.attempt == 0 and run.start_within is not None:
+                self.field("start by", (start_by_phrase(run), None))
         elif run.state.finished:
             self.field("finished", (utc(run.updated_at), None))
         if run.state is RunState.RUNNING:
@@ -712,6 +714,12 @@ def waiting_phrase(run: Run, entries: Sequence[JournalEntry] | None = None,
     return f"{'sleeping' if reason == 'sleep' else reason} until {utc(run.run_at)}{short}"
 
 
+def start_by_phrase(run: Run) -> str:
+    """When a run that never started must be claimed by (its ``start_within``), and what
+    happens past it."""
+    return f"{utc(run.run_at + (run.start_within or 0.0))}  (else it fails without running)"
+
+
 CUT_SHORT = " (when the workflow's timeout runs out: the run then fails)"
 """Said of a durable wait whose own end came after the workflow's timeout (``cut_short``
 in its ``run_waiting`` entry): the run is due when the timeout runs out, and fails."""
@@ -736,9 +744,12 @@ def _event_phrase(row: dict[str, JSON]) -> str:
 
     if kind == "run_created":
         run_at = detail.get("run_at")
+        within = detail.get("start_within")
+        limit = (f", to start within {duration(float(within))}"
+                 if isinstance(within, int | float) else "")
         if isinstance(run_at, int | float) and run_at - at >= 0.001:
-            return f"run created, due {when('run_at')}"
-        return "run created"
+            return f"run created, due {when('run_at')}{limit}"
+        return f"run created{limit}"
     if kind == "run_claimed":
         attempt = row.get("attempt")
         return (f"attempt {attempt if attempt is not None else '?'} started (epoch "

@@ -171,6 +171,10 @@ class Run:
     """A queued run released to wait for a signal: the signal's name (its ``run_at`` is the
     wait's timeout, or :data:`NEVER`). None otherwise; a sleeping run is queued with its
     wake time as ``run_at``."""
+    start_within: float | None = None
+    """Seconds after it is due (``run_at`` as created) within which its first attempt must be
+    claimed, or that attempt fails it without running any workflow code (None: no limit
+    of its own; the workflow's, if any). See docs/design.md, "A run that starts too late"."""
 
     @staticmethod
     def scope_of(run_id: str, key: str | None) -> str:
@@ -209,6 +213,7 @@ class Run:
             timeout=_opt_float(row["timeout"]),
             recoveries=int(row["recoveries"]),
             waiting_for=_optional(row, "waiting_for"),
+            start_within=_opt_float(_optional(row, "start_within")),
         )
 
     def evolve(self, **changes: Any) -> Run:
@@ -242,6 +247,9 @@ class NewRun:
     headers: Mapping[str, str] | None = attrs.field(default=None, kw_only=True)
     """Kept in the run's ``run_created`` entry (``data["headers"]``) when given: what the
     client's interceptors attach to the run (a trace context), never a secret."""
+    start_within: float | None = attrs.field(default=None, kw_only=True)
+    """Seconds after it is due within which the run must start (:attr:`Run.start_within`);
+    also kept in its ``run_created`` entry (``data["start_within"]``) when given."""
 
 
 @attrs.frozen

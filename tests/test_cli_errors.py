@@ -277,7 +277,8 @@ def test_a_start_with_the_wrong_arguments_is_refused_before_anything_is_written(
     assert not db.exists()
 
 
-@pytest.mark.parametrize("option", [["--timeout", "0"], ["--delay", "nan"]])
+@pytest.mark.parametrize("option", [["--timeout", "0"], ["--delay", "nan"],
+                                    ["--start-within", "-5"], ["--start-within", "inf"]])
 def test_a_start_with_a_time_it_cannot_use_is_one_line(tmp_path: Path,
                                                        option: list[str]) -> None:
     db = tmp_path / "d.db"

@@ -162,6 +162,24 @@ async def test_a_running_run_s_page_says_when_its_timeout_runs_out(
         assert "10.0 min from its first attempt<" in ended and "runs out" not in ended
 
 
+async def test_a_queued_run_s_page_says_by_when_it_must_start(
+        fclient: durable.Client, clock: durable.FakeClock,
+        flow_registry: durable.Registry) -> None:
+    """A run started with ``start_within``: until its first claim its page says by when it
+    must be claimed or fail without running; once claimed, only the limit."""
+    from durable._report import utc
+
+    client = fclient
+    run = await client.start("t.ok", "slot-1", id="limited", start_within=120)
+    async with console(client) as http:
+        page = (await http.get("/runs/limited")).text
+        assert "2.0 min of being due, by" in page and "or it fails without running" in page
+        assert utc(run.run_at + 120) in page
+        await client.store.claim("w-1", 30.0, 1, run_id="limited")
+        claimed = (await http.get("/runs/limited")).text
+        assert "2.0 min of being due<" in claimed and "fails without running" not in claimed
+
+
 async def test_live_fragment_is_final_only_when_the_run_ended(
         client: durable.Client, flow_registry: durable.Registry, gate: anyio.Event) -> None:
     async with running_worker(client, flow_registry), console(client) as http:

@@ -126,8 +126,10 @@ async def test_postgres_waits_on_a_store_object_of_their_own_are_woken_on_the_sc
         client = durable.Client(theirs, registry=registry)
         with anyio.fail_after(BOUND):
             assert await mine.wait_for_work(LONG) is None  # subscribes, returns at once
-            run = await client.start("carried.echo", "x", id="carried")
-            assert await mine.wait_for_work(LONG) == (run,)
+            run = await client.start("carried.echo", "x", id="carried", start_within=60)
+            # the run as created, every column (a start_within the carried row lacked
+            # would let a late first attempt run: tests/test_start_within.py)
+            assert await mine.wait_for_work(LONG) == (run,) and run.start_within == 60
             await theirs.wait_for_finished("none", LONG)  # subscribes, returns at once
             await durable.Client(mine, registry=registry).cancel(run.id)
             await theirs.wait_for_finished(run.id, LONG)

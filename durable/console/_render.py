@@ -262,6 +262,10 @@ def header(d: RunDetail) -> str:
         ends = ("" if since is None or run.state.finished
                 else f", runs out {when(since + run.timeout, ago=False)}")
         rows.append(("timeout", f"{duration(run.timeout)} from its first attempt{ends}"))
+    if run.start_within is not None:  # checked at the first claim only
+        by = (f", by {when(run.run_at + run.start_within, ago=False)}, or it fails without "
+              "running" if run.attempt == 0 and run.state is RunState.QUEUED else "")
+        rows.append(("start within", f"{duration(run.start_within)} of being due{by}"))
     if run.state is RunState.COMPLETED:
         rows.append(("result", f"<code>{text(run.result)}</code>"))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)

@@ -40,7 +40,7 @@ from .._types import (
     SignalSent,
 )
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 """The schema version this version of durable writes and understands."""
 
 

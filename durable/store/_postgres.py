@@ -719,6 +719,8 @@ class PostgresStore(Store):
             data["run_at"] = run_at
         if new.headers:
             data["headers"] = dict(new.headers)
+        if new.start_within is not None:
+            data["start_within"] = new.start_within
         params = {
             "id": new.id,
             "workflow": new.workflow,
@@ -726,6 +728,7 @@ class PostgresStore(Store):
             "key": new.key,
             "run_at": run_at,
             "timeout": new.timeout,
+            "start_within": new.start_within,
             "now": now,
             "data": dumps(data, "journal data"),
         }
@@ -1563,11 +1566,12 @@ class PostgresStore(Store):
         params: dict[str, Any] = {
             "name": name, "version": version, "fire_at": fire_at, "now": self._now(),
             "run_id": None, "workflow": None, "args": None, "key": None, "run_at": None,
-            "timeout": None, "data": None}
+            "timeout": None, "start_within": None, "data": None}
         if new is not None:
             params.update(
                 run_id=new.id, workflow=new.workflow, args=dumps(new.args, "workflow arguments"),
                 key=new.key, run_at=new.run_at, timeout=new.timeout,
+                start_within=new.start_within,
                 data=dumps({"workflow": new.workflow, "args": new.args, "key": new.key,
                             "run_at": new.run_at}, "journal data"))
         row = await self._row(Q["fire_schedule"], params)

@@ -1134,7 +1134,8 @@ def _insert_run(conn: sqlite3.Connection, new: NewRun, now: float) -> tuple[Run,
     run_at = now if new.run_at is None else new.run_at  # None: due at once
     params = {"id": new.id, "workflow": new.workflow,
               "args": dumps(new.args, "workflow arguments"), "key": new.key,
-              "run_at": run_at, "timeout": new.timeout, "now": now}
+              "run_at": run_at, "timeout": new.timeout, "start_within": new.start_within,
+              "now": now}
     row = conn.execute(Q["insert_run"], params).fetchone()
     if row is None:
         existing = conn.execute(Q["get_run"], {"id": new.id}).fetchone()
@@ -1147,6 +1148,8 @@ def _insert_run(conn: sqlite3.Connection, new: NewRun, now: float) -> tuple[Run,
                              "run_at": run_at}
     if new.headers:
         data["headers"] = dict(new.headers)
+    if new.start_within is not None:
+        data["start_within"] = new.start_within
     conn.execute(Q["append_unfenced"],
                  _entry_params(Fence(run.id, 0), JournalWrite(EntryKind.RUN_CREATED, data=data),
                                now))

@@ -29,10 +29,10 @@ CASE WHEN octet_length(row_to_json(run)::text) < 7990 - octet_length(%(schema)s)
 -- (durable_pruned_runs) is not used again: nothing is inserted (the store says why).
 WITH run AS (
     INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt,
-                              run_at, created_at, updated_at, timeout)
+                              run_at, created_at, updated_at, timeout, start_within)
     SELECT %(id)s::text, %(workflow)s::text, %(args)s::text, %(key)s::text, 'queued', 0, 0,
            coalesce(%(run_at)s::double precision, %(now)s), %(now)s, %(now)s,
-           %(timeout)s::double precision
+           %(timeout)s::double precision, %(start_within)s::double precision
     WHERE NOT EXISTS (SELECT 1 FROM durable_pruned_runs WHERE id = %(id)s::text)
     ON CONFLICT (id) DO NOTHING
     RETURNING *
@@ -645,9 +645,10 @@ WITH fired AS (
     RETURNING name
 ), run AS (
     INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt,
-                              run_at, created_at, updated_at, timeout)
+                              run_at, created_at, updated_at, timeout, start_within)
     SELECT %(run_id)s::text, %(workflow)s::text, %(args)s::text, %(key)s::text, 'queued', 0,
-           0, %(run_at)s::double precision, %(now)s, %(now)s, %(timeout)s::double precision
+           0, %(run_at)s::double precision, %(now)s, %(now)s, %(timeout)s::double precision,
+           %(start_within)s::double precision
     FROM fired WHERE %(run_id)s::text IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM durable_pruned_runs WHERE id = %(run_id)s::text)
     ON CONFLICT (id) DO NOTHING

@@ -6,8 +6,9 @@
 -- An id that named a pruned run (durable_pruned_runs) is not used again: nothing is
 -- inserted (the store says why).
 INSERT INTO durable_runs (id, workflow, args, concurrency_key, state, epoch, attempt,
-                          run_at, created_at, updated_at, timeout)
-SELECT :id, :workflow, :args, :key, 'queued', 0, 0, :run_at, :now, :now, :timeout
+                          run_at, created_at, updated_at, timeout, start_within)
+SELECT :id, :workflow, :args, :key, 'queued', 0, 0, :run_at, :now, :now, :timeout,
+       :start_within
 WHERE NOT EXISTS (SELECT 1 FROM durable_pruned_runs WHERE id = :id)
 ON CONFLICT (id) DO NOTHING
 RETURNING *;
