@@ -589,7 +589,8 @@ class Attempt:
 
     async def _started_late(self, default: float | None) -> TimeoutError | None:
         """A first attempt claimed more than ``start_within`` seconds (the run's, else the
-        workflow's ``default``) after its run was due runs none of its code: the error
+        workflow's ``default``) after its run was due (:attr:`Run.start_by`) runs none of
+        its code: the error
         that fails the run, else None. The claim's time is the store's (its row's
         ``updated_at``), so a claim still pending (durable/_claims.py) commits first: a
         cost for such runs only. Later attempts (a recovery, a release, a replay) are not
@@ -600,13 +601,14 @@ class Attempt:
             return None
         await self.ensure_claimed()
         run = self.run  # as claimed
-        late = run.updated_at - run.run_at
+        due = max(run.run_at, run.created_at)  # (Run.start_by) a run due before it existed
+        late = run.updated_at - due  # counts from its creation
         if late <= within:
             return None
         from ._report import duration, utc
 
         return TimeoutError(
-            f"the run did not start within {within:g} s of being due ({utc(run.run_at)}): "
+            f"the run did not start within {within:g} s of being due ({utc(due)}): "
             f"its first attempt was claimed {duration(late)} after, at "
             f"{utc(run.updated_at)}, and ran none of its code; replay it to run it now")
 

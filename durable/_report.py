@@ -717,7 +717,7 @@ def waiting_phrase(run: Run, entries: Sequence[JournalEntry] | None = None,
 def start_by_phrase(run: Run) -> str:
     """When a run that never started must be claimed by (its ``start_within``), and what
     happens past it."""
-    return f"{utc(run.run_at + (run.start_within or 0.0))}  (else it fails without running)"
+    return f"{utc(run.start_by)}  (else it fails without running)"
 
 
 CUT_SHORT = " (when the workflow's timeout runs out: the run then fails)"

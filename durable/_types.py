@@ -216,6 +216,17 @@ class Run:
             start_within=_opt_float(_optional(row, "start_within")),
         )
 
+    @property
+    def start_by(self) -> float | None:
+        """When a run with :attr:`start_within` must have its first attempt claimed by, on the
+        store's clock: that long after it is due, or after its creation when it was due
+        before it existed (a ``run_at`` in the past, a schedule's caught-up fire). None
+        without a limit of its own. Meaningful until its first claim (a release moves
+        ``run_at``)."""
+        if self.start_within is None:
+            return None
+        return max(self.run_at, self.created_at) + self.start_within
+
     def evolve(self, **changes: Any) -> Run:
         return attrs.evolve(self, **changes)
 

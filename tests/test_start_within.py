@@ -118,6 +118,25 @@ async def test_a_delayed_run_counts_from_when_it_is_due(
     assert ran == ["db3"]
 
 
+async def test_a_run_due_before_it_was_created_counts_from_its_creation(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """``run_at`` an hour in the past (as a schedule's caught-up fire has): the run could
+    not start before it existed, so its 60 s count from its creation; claimed 30 s after
+    that, it runs."""
+    ran: list[str] = []
+    async with loopback_server() as server:
+        server.on("/databases/db8", Rule(body={"deleted": True}))
+        flows(registry, server, ran)
+        run = await client.start("drop.db", "db8", id="past", run_at=clock.now() - HOUR,
+                                 start_within=60)
+        assert run.start_by == run.created_at + 60
+        clock.advance(30)
+        async with running_worker(client, registry):
+            done = await client.wait("past", timeout=15)
+    assert done.state is RunState.COMPLETED, done.error
+    assert ran == ["db8"]
+
+
 async def test_the_workflows_start_within_applies_unless_the_start_gives_its_own(
         client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
     """``@durable.workflow(start_within=60)``: a run started by name without a limit of its

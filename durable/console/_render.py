@@ -262,9 +262,9 @@ def header(d: RunDetail) -> str:
         ends = ("" if since is None or run.state.finished
                 else f", runs out {when(since + run.timeout, ago=False)}")
         rows.append(("timeout", f"{duration(run.timeout)} from its first attempt{ends}"))
-    if run.start_within is not None:  # checked at the first claim only
-        by = (f", by {when(run.run_at + run.start_within, ago=False)}, or it fails without "
-              "running" if run.attempt == 0 and run.state is RunState.QUEUED else "")
+    if run.start_by is not None and run.start_within is not None:  # at the first claim
+        by = (f", by {when(run.start_by, ago=False)}, or it fails without running"
+              if run.attempt == 0 and run.state is RunState.QUEUED else "")
         rows.append(("start within", f"{duration(run.start_within)} of being due{by}"))
     if run.state is RunState.COMPLETED:
         rows.append(("result", f"<code>{text(run.result)}</code>"))
