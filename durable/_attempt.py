@@ -589,12 +589,12 @@ class Attempt:
 
     async def _started_late(self, default: float | None) -> TimeoutError | None:
         """A first attempt claimed more than ``start_within`` seconds (the run's, else the
-        workflow's ``default``) after its run was due (:attr:`Run.start_by`) runs none of
-        its code: the error
-        that fails the run, else None. The claim's time is the store's (its row's
-        ``updated_at``), so a claim still pending (durable/_claims.py) commits first: a
-        cost for such runs only. Later attempts (a recovery, a release, a replay) are not
-        checked: their run began in time, or an operator asked for it again."""
+        workflow's ``default``) after its run was due (as :attr:`Run.start_by` counts) runs
+        none of its code: the error that fails the run, else None. The claim's time is the
+        store's (its row's ``updated_at``), so a claim still pending (durable/_claims.py)
+        commits first: a cost for such runs only. Later attempts (a recovery, a release, a
+        replay) are not checked: their run began in time, or an operator asked for it
+        again."""
         run = self.run
         within = default if run.start_within is None else run.start_within
         if within is None or run.attempt != 1:
@@ -602,7 +602,7 @@ class Attempt:
         await self.ensure_claimed()
         run = self.run  # as claimed
         due = max(run.run_at, run.created_at)  # (Run.start_by) a run due before it existed
-        late = run.updated_at - due  # counts from its creation
+        late = run.updated_at - due
         if late <= within:
             return None
         from ._report import duration, utc

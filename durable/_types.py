@@ -172,9 +172,10 @@ class Run:
     wait's timeout, or :data:`NEVER`). None otherwise; a sleeping run is queued with its
     wake time as ``run_at``."""
     start_within: float | None = None
-    """Seconds after it is due (``run_at`` as created) within which its first attempt must be
-    claimed, or that attempt fails it without running any workflow code (None: no limit
-    of its own; the workflow's, if any). See docs/design.md, "A run that starts too late"."""
+    """Seconds after it is due within which its first attempt must be claimed (by
+    :attr:`start_by`), or that attempt fails it without running any workflow code (None: no
+    limit of its own; the workflow's, if any). See docs/design.md, "A run that starts too
+    late"."""
 
     @staticmethod
     def scope_of(run_id: str, key: str | None) -> str:
