@@ -112,7 +112,8 @@ def insert_runs(conn: sqlite3.Connection, prefix: str, n: int, now: float) -> li
     conn.execute("BEGIN IMMEDIATE")
     for i, run_id in enumerate(ids):
         conn.execute(Q["insert_run"], {"id": run_id, "workflow": WORKFLOWS[i % 10], "args": "[]",
-                                       "key": None, "run_at": now, "now": now, "timeout": None})
+                                       "key": None, "run_at": now, "now": now, "timeout": None,
+                                       "start_within": None})
     conn.execute("COMMIT")
     return ids
 
@@ -286,7 +287,7 @@ def postgres_phase(url: str, history: int, runs: int, repeat: int) -> dict[str, 
                     conn.execute(PQ["insert_run"], {
                         "id": run_id, "workflow": WORKFLOWS[i % 10], "args": "[]",
                         "key": None, "run_at": now, "now": now, "timeout": None,
-                        "data": "{}"})
+                        "start_within": None, "data": "{}"})
                 epochs: dict[str, int] = {}
                 w0, l0 = time.perf_counter(), lsn()
                 for run_id in ids:
