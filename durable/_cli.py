@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 
 from ._approval import APPROVE, REJECT, send_decision
 from ._client import Client, InDoubt, check_step, check_times, describe_replay
-from ._errors import ConfigError, DurableError
+from ._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
 from ._follow import Follower
 from ._logging import configure_logging, redact
 from ._pool import MIN_HTTP_CONNECTIONS
@@ -279,13 +279,87 @@ def _cli_origin() -> dict[str, Any]:
 
 
 async def _cmd_cancel(args: argparse.Namespace) -> int:
+    filters = {"workflow": args.workflow, "key": args.key, "state": args.state}
+    chosen = {k: v for k, v in filters.items() if v is not None}
+    if args.all and chosen:
+        raise ConfigError("--all cancels every queued and running run; it takes no "
+                          f"--{next(iter(chosen))}")
+    by_filter = bool(chosen) or args.all
+    if by_filter and args.ids:
+        raise ConfigError("give run ids or a filter (--workflow, --key, --state, --all), "
+                          "not both")
+    if not by_filter and not args.ids:
+        raise ConfigError("name the runs to cancel: their ids, or a filter (--workflow, "
+                          "--key, --state, --all)")
+    if not by_filter and args.dry_run:
+        raise ConfigError("--dry-run lists what a filter matches; it takes no ids")
+    if not by_filter and len(args.ids) == 1:
+        async with _existing(args) as client:
+            run = await client.cancel(args.ids[0], origin=_cli_origin())
+        print(f"{run.id} {_cancel_phrase(run)}")
+        return 0
+    if by_filter and not (args.yes or args.dry_run):
+        raise ConfigError("cancelling by filter needs --yes (or --dry-run, to list what it "
+                          "would cancel and write nothing)")
+    check_key(args.key)
+    origin = _cli_origin()
     async with _existing(args) as client:
-        run = await client.cancel(args.id, origin=_cli_origin())
+        if by_filter:
+            ids = await _unfinished(client, args.workflow, args.key, args.state)
+            print(f"{len(ids)} run{'' if len(ids) == 1 else 's'} matched" if ids
+                  else "no queued or running run matched", f"({_filter_text(chosen)})")
+            if args.dry_run:
+                for run_id, workflow, state in ids:
+                    print(f"{run_id}  {workflow}  {state}: would be cancelled")
+                return 0
+            origin["filter"] = _filter_text(chosen)
+            targets = [run_id for run_id, _, _ in ids]
+        else:
+            targets = list(dict.fromkeys(args.ids))  # each once, in the order given
+        missed = 0
+        for run_id in targets:
+            try:
+                run = await client.cancel(run_id, origin=origin)
+            except RunNotFoundError:
+                missed += 1
+                print(f"{run_id} no such run")
+                continue
+            except InvalidStateError:
+                run = await client.get(run_id)
+                missed += not by_filter  # a filter's run that ended meanwhile is no mistake
+                print(f"{run_id} had already ended ({run.state.value}); nothing to cancel")
+                continue
+            print(f"{run_id} {_cancel_phrase(run)}")
+    return 1 if missed else 0
+
+
+def _cancel_phrase(run: Run) -> str:
     if run.state.finished:
-        print(f"{run.id} cancelled before it started")
-    else:
-        print(f"{run.id} cancel requested; the worker holding it stops it now")
-    return 0
+        return "cancelled before it started"
+    return "cancel requested; the worker holding it stops it now"
+
+
+def _filter_text(chosen: Mapping[str, str]) -> str:
+    return " ".join(f"--{k} {v}" for k, v in chosen.items()) or "--all"
+
+
+async def _unfinished(client: Client, workflow: str | None, key: str | None,
+                      state: str | None) -> list[tuple[str, str, str]]:
+    """The queued and running runs a filter matches as the command begins (``(id,
+    workflow, state)``, newest first), read page by page: the list is taken whole before
+    anything is cancelled, so a run that moves between states meanwhile (a claim, a
+    release) is still cancelled, and runs started after it began are not."""
+    found: list[tuple[str, str, str]] = []
+    for wanted in ([state] if state is not None else ["running", "queued"]):
+        cursor: tuple[float, str] | None = None
+        while True:
+            page = await client.list(state=wanted, workflow=workflow, key=key, limit=500,
+                                     before=cursor)
+            found.extend((r.id, r.workflow, r.state.value) for r in page)
+            if len(page) < 500:
+                break
+            cursor = (page[-1].created_at, page[-1].id)
+    return found
 
 
 async def _cmd_signal(args: argparse.Namespace) -> int:
@@ -782,11 +856,25 @@ def build_parser() -> _Parser:
                         "answers; a line says so, and one more when it answers")
     p.set_defaults(func=_cmd_show)
 
-    p = sub.add_parser("cancel", help="cancel a queued, delayed or running run",
+    p = sub.add_parser("cancel", help="cancel queued, delayed or running runs",
                        description="Cancel a queued or delayed run at once, or ask the worker "
-                                   "holding a running run to stop it.")
+                                   "holding a running run to stop it: the runs named by id, or "
+                                   "every queued and running run a filter matches as the "
+                                   "command begins (an incident's stop: --workflow "
+                                   "slot.teardown --yes). Each cancel is journaled with who "
+                                   "sent it (and the filter); a run prints one line. Exits 1 "
+                                   "if a run named by id does not exist or had already ended.")
     _common(p)
-    p.add_argument("id", help="the run's id")
+    p.add_argument("ids", nargs="*", metavar="ID", help="the runs' ids")
+    p.add_argument("--workflow", help="every queued and running run of this workflow")
+    p.add_argument("--key", help="every queued and running run of this concurrency key")
+    p.add_argument("--state", choices=["queued", "running"],
+                   help="only the runs in this state (default: both)")
+    p.add_argument("--all", action="store_true", help="every queued and running run")
+    p.add_argument("--yes", action="store_true",
+                   help="cancel what the filter matches (a filter needs it, or --dry-run)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list what the filter matches; cancel nothing")
     p.set_defaults(func=_cmd_cancel)
 
     p = sub.add_parser("signal", help="send a signal to a run (ctx.wait_for receives it)",
