@@ -343,6 +343,10 @@ def _filter_text(chosen: Mapping[str, str]) -> str:
     return " ".join(f"--{k} {v}" for k, v in chosen.items()) or "--all"
 
 
+CANCEL_PAGE = 500
+"""Runs read per page by a filtered cancel."""
+
+
 async def _unfinished(client: Client, workflow: str | None, key: str | None,
                       state: str | None) -> list[tuple[str, str, str]]:
     """The queued and running runs a filter matches as the command begins (``(id,
@@ -353,10 +357,10 @@ async def _unfinished(client: Client, workflow: str | None, key: str | None,
     for wanted in ([state] if state is not None else ["running", "queued"]):
         cursor: tuple[float, str] | None = None
         while True:
-            page = await client.list(state=wanted, workflow=workflow, key=key, limit=500,
-                                     before=cursor)
+            page = await client.list(state=wanted, workflow=workflow, key=key,
+                                     limit=CANCEL_PAGE, before=cursor)
             found.extend((r.id, r.workflow, r.state.value) for r in page)
-            if len(page) < 500:
+            if len(page) < CANCEL_PAGE:
                 break
             cursor = (page[-1].created_at, page[-1].id)
     return found

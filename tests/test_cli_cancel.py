@@ -50,10 +50,10 @@ def runs(tmp_path: Path) -> str:
     return url
 
 
-def states(url: str) -> dict[str, str]:
+def states(url: str, limit: int = 100) -> dict[str, str]:
     async def read(client: durable.Client) -> dict[str, str]:
         out = {}
-        for run in await client.list(limit=100):
+        for run in await client.list(limit=limit):
             flag = "+cancel" if run.cancel_requested and not run.state.finished else ""
             out[run.id] = run.state.value + flag
         return out
@@ -149,3 +149,21 @@ def test_a_cancel_it_cannot_do_is_one_line_and_cancels_nothing(
         runs: str, args: list[str], says: str) -> None:
     assert_one_line_error(cli("cancel", *args, db=runs), says)
     assert states(runs) == BEFORE
+
+
+def test_a_filter_matching_more_than_a_page_cancels_them_all(tmp_path: Path) -> None:
+    """1,201 queued runs (a page is 500): every one is cancelled."""
+    from durable._cli import CANCEL_PAGE
+
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    n = 2 * CANCEL_PAGE + 201
+
+    async def setup(client: durable.Client) -> None:
+        for i in range(n):
+            await client.start("cli.hello", "x", id=f"bulk-{i:05d}")
+
+    on_store(url, setup)
+    done = cli("cancel", "--workflow", "cli.hello", "--yes", db=url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"{n} runs matched (--workflow cli.hello)"
+    assert set(states(url, limit=n + 10).values()) == {"cancelled"}
