@@ -60,6 +60,7 @@ from ._schedules import ScheduleSpec as ScheduleSpec
 from ._schedules import schedule as schedule
 from ._types import EntryKind as EntryKind
 from ._types import JournalEntry as JournalEntry
+from ._types import PausedWorkflow as PausedWorkflow
 from ._types import Run as Run
 from ._types import RunState as RunState
 from ._types import StepState as StepState
@@ -94,6 +95,7 @@ __all__ = [
     "NonRetryableError",
     "NotJsonError",
     "NotSentError",
+    "PausedWorkflow",
     "PrunedRun",
     "RecoveryReport",
     "RedactingFilter",

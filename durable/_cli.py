@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
+import attrs
 from anyio.abc import TaskStatus
 
 from ._approval import APPROVE, REJECT, send_decision
@@ -33,6 +34,7 @@ from ._report import (
     clip,
     one_line,
     parse_time,
+    paused_phrase,
     render_timeline,
     terminal_width,
     use_color,
@@ -174,6 +176,10 @@ async def _cmd_start(args: argparse.Namespace) -> int:
         run = await client.start(args.workflow, *values, id=args.id, key=args.key,
                                  delay=args.delay, timeout=args.timeout,
                                  start_within=args.start_within)
+        pause = next((p for p in await client.paused() if p.workflow == run.workflow), None)
+    if pause is not None and run.state is RunState.QUEUED:
+        print(f"durable: note: {run.workflow} is {paused_phrase(pause)}: the run waits until "
+              f"durable resume {run.workflow}", file=sys.stderr)
     if args.json:
         print(json.dumps(run_json(run), indent=2))
     else:
@@ -189,6 +195,7 @@ async def _cmd_list(args: argparse.Namespace) -> int:
                                  created_to=parse_time(args.until, "--until"),
                                  id_prefix=args.prefix)
         now = await client.store.now()
+        held = {p.workflow for p in await client.paused()}
     if args.json:
         print(json.dumps([run_json(r) for r in runs], indent=2))
         return 0
@@ -197,9 +204,12 @@ async def _cmd_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'id':<36} {'workflow':<20} {'key':<16} {'state':<10} {'attempt':>7}  error")
     for r in runs:
-        # a run released to wait says what for (durable waiting) where an error would be
+        # a run released to wait says what for (durable waiting) where an error would be;
+        # a queued run of a paused workflow, that it waits for the resume
         waiting = waiting_phrase(r, now=now)
         note = r.error or (f"waiting {waiting}" if waiting else "")
+        if r.state is RunState.QUEUED and r.workflow in held:
+            note = f"paused (durable resume {r.workflow}){'; ' + note if note else ''}"
         print(f"{r.id:<36} {r.workflow:<20} {(r.key or '-'):<16} {r.state.value:<10} "
               f"{r.attempt:>7}  {clip(one_line(note), 60)}")
     return 0
@@ -216,6 +226,8 @@ async def _cmd_show(args: argparse.Namespace) -> int:
         run = await client.get(args.id)
         entries = await client.store.journal(args.id)
         signals = await client.store.list_signals(args.id)
+        paused = (None if run.state.finished else
+                  next((p for p in await client.paused() if p.workflow == run.workflow), None))
     if args.step is not None:
         check_step(run.id, entries, args.step, "--step")
     if args.json:
@@ -224,7 +236,8 @@ async def _cmd_show(args: argparse.Namespace) -> int:
         return 0
     print(render_timeline(run, entries, step=args.step, console_url=args.console_url,
                           width=terminal_width(sys.stdout),
-                          color=use_color(sys.stdout, args.color), signals=signals))
+                          color=use_color(sys.stdout, args.color), signals=signals,
+                          paused=paused))
     return 0
 
 
@@ -364,6 +377,47 @@ async def _unfinished(client: Client, workflow: str | None, key: str | None,
                 break
             cursor = (page[-1].created_at, page[-1].id)
     return found
+
+
+async def _cmd_pause(args: argparse.Namespace) -> int:
+    async with _existing(args) as client:
+        pause = await client.pause(args.workflow, origin=_cli_origin())
+        known = await client.list(workflow=args.workflow, limit=1)
+        queued = (await client.counts(workflow=args.workflow))["queued"]
+    if not known:  # a typo pauses nothing that exists; a new workflow may be paused first
+        print(f"durable: note: no run of {args.workflow!r} was ever started in this "
+              "database (paused all the same; durable resume undoes it)", file=sys.stderr)
+    print(f"{pause.workflow} {paused_phrase(pause)}: no attempt of it starts until "
+          f"`durable resume {pause.workflow}` ({queued} queued run"
+          f"{'' if queued == 1 else 's'} wait; running ones go on)")
+    return 0
+
+
+async def _cmd_resume(args: argparse.Namespace) -> int:
+    async with _existing(args) as client:
+        ended = await client.resume(args.workflow)
+    if ended is None:
+        print(f"{args.workflow} was not paused; nothing changed")
+    else:
+        print(f"{ended.workflow} resumed (it was {paused_phrase(ended)}): its runs are "
+              "claimed again")
+    return 0
+
+
+async def _cmd_paused(args: argparse.Namespace) -> int:
+    async with _existing(args) as client:
+        paused = await client.paused()
+        counts = {p.workflow: (await client.counts(workflow=p.workflow))["queued"]
+                  for p in paused}
+    if args.json:
+        print(json.dumps([{**attrs.asdict(p), "queued": counts[p.workflow]} for p in paused],
+                         indent=2))
+        return 0
+    if not paused:
+        print("no paused workflow")
+    for p in paused:
+        print(f"{p.workflow}  {paused_phrase(p)}  ({counts[p.workflow]} queued)")
+    return 0
 
 
 async def _cmd_signal(args: argparse.Namespace) -> int:
@@ -896,6 +950,34 @@ def build_parser() -> _Parser:
                    help="an id for this signal: sending the same id again records nothing "
                         "(default: none, every send is a new signal)")
     p.set_defaults(func=_cmd_signal)
+
+    p = sub.add_parser("pause", help="pause a workflow: no attempt of it starts until resumed",
+                       description="Pause a workflow: from now no worker claims a run of it "
+                                   "(a new attempt, or one resuming after a durable wait), "
+                                   "until `durable resume WORKFLOW`. Its queued runs keep their "
+                                   "place and a start queues more; attempts running now go on "
+                                   "(cancel them with `durable cancel --workflow W --yes`). The "
+                                   "pause is kept in the database, for every worker, with who "
+                                   "paused it; pausing it again changes nothing.")
+    _common(p)
+    p.add_argument("workflow", help="the workflow's registered name, e.g. slot.teardown")
+    p.set_defaults(func=_cmd_pause)
+
+    p = sub.add_parser("resume", help="resume a paused workflow",
+                       description="Resume a paused workflow: its runs are claimed again, "
+                                   "oldest first (idle workers are woken). A run whose "
+                                   "start_within or timeout ran out meanwhile fails when "
+                                   "claimed, as it would have after any wait.")
+    _common(p)
+    p.add_argument("workflow", help="the workflow's registered name")
+    p.set_defaults(func=_cmd_resume)
+
+    p = sub.add_parser("paused", help="list the paused workflows",
+                       description="List the paused workflows: since when, by whom, and how "
+                                   "many runs of each are queued.")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print them as JSON")
+    p.set_defaults(func=_cmd_paused)
 
     p = sub.add_parser("replay", help="run a failed or cancelled run again",
                        description="Queue a failed or cancelled run again. Completed steps "

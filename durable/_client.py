@@ -22,6 +22,7 @@ from ._errors import (
     RunConflictError,
     RunNotFoundError,
     RunPrunedError,
+    StoreError,
     StoreUnavailableError,
 )
 from ._history import History
@@ -36,6 +37,7 @@ from ._types import (
     JSON,
     JournalEntry,
     NewRun,
+    PausedWorkflow,
     Run,
     RunState,
     SignalSent,
@@ -563,6 +565,54 @@ class Client:
             return now
         return await self.store.requeue(run.id, from_step, in_doubt, by=by)
 
+    # -- paused workflows (docs/design.md, "Pausing a workflow") --------------------------------
+    async def pause(self, workflow: Workflow[..., Any] | str, *,
+                    origin: Mapping[str, JSON] | None = None) -> PausedWorkflow:
+        """Pause a workflow: from now no attempt of it starts (no claim takes its runs) until
+        :meth:`resume`. Its queued runs keep their place and their intent (a start queues
+        more), its running attempts go on, and a run of it released to wait resumes only
+        after it is resumed. The pause in force is returned: pausing a paused workflow
+        changes nothing (the first pause, its time and ``origin``, stands). ``origin`` is who
+        paused it, as for :meth:`cancel`."""
+        name = _workflow_name(workflow)
+        by = _origin(origin)
+
+        async def pause() -> PausedWorkflow:
+            for _ in range(3):  # paused already: the pause in force (unless resumed between)
+                written = await self.store.pause_workflow(name, by)
+                if written is not None:
+                    self.log.info("workflow_paused", workflow=name)
+                    return written
+                found = await self._pause_of(name)
+                if found is not None:
+                    return found
+            raise StoreError(f"workflow {name!r} kept being paused and resumed meanwhile; "
+                             "look: durable paused")
+
+        return await self._answered(
+            pause, pause, "pause_outcome_unknown", f"the pause of workflow {name!r}",
+            "it may have been paused; look (durable paused)", workflow=name)
+
+    async def resume(self, workflow: Workflow[..., Any] | str) -> PausedWorkflow | None:
+        """Resume a paused workflow: its runs are claimable again (idle workers are woken).
+        The pause it ended, or None if the workflow was not paused."""
+        name = _workflow_name(workflow)
+        ended = await self._answered(
+            lambda: self.store.resume_workflow(name), lambda: self.store.resume_workflow(name),
+            "resume_outcome_unknown", f"the resume of workflow {name!r}",
+            "it may have been resumed; look (durable paused)", workflow=name)
+        if ended is not None:
+            self.log.info("workflow_resumed", workflow=name)
+        return ended
+
+    async def paused(self) -> builtins.list[PausedWorkflow]:
+        """Every paused workflow, by name."""
+        return await self.store.paused_workflows()
+
+    async def _pause_of(self, name: str) -> PausedWorkflow | None:
+        return next((p for p in await self.store.paused_workflows() if p.workflow == name),
+                    None)
+
     # -- schedules (durable/_schedules.py; docs/design.md, "Schedules") ------------------------
     async def add_schedule(self, spec: ScheduleSpec) -> Schedule:
         """Create a schedule at run time: its fires after now start runs. Adding the same
@@ -622,6 +672,13 @@ class Client:
             send, again or send, "schedule_outcome_unknown", f"the {change} of schedule {name!r}",
             f"it may have been done; look it up (durable schedule show {name})",
             schedule=name, change=change)
+
+
+def _workflow_name(workflow: Any) -> str:
+    name = workflow.name if isinstance(workflow, Workflow) else workflow
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"a workflow is a Workflow or its name, not {workflow!r}")
+    return name
 
 
 def _no_schedule(name: str) -> str:

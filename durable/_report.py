@@ -26,10 +26,20 @@ from typing import IO, Any
 
 import attrs
 
-from ._approval import ApprovalView, approval_view
+from ._approval import ApprovalView, approval_view, origin_text
 from ._errors import ConfigError
 from ._history import History, StepView, tries
-from ._types import JSON, NEVER, EntryKind, JournalEntry, Run, RunState, Signal, StepState
+from ._types import (
+    JSON,
+    NEVER,
+    EntryKind,
+    JournalEntry,
+    PausedWorkflow,
+    Run,
+    RunState,
+    Signal,
+    StepState,
+)
 
 DEFAULT_WIDTH = 100
 """The width of piped output (and of a terminal whose size cannot be read)."""
@@ -431,18 +441,23 @@ def _accepted_rows(e: JournalEntry, history: History, before: dict[str, StepStat
 def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
                     step: int | None = None, console_url: str | None = None,
                     width: int = DEFAULT_WIDTH, color: bool = False,
-                    signals: Sequence[Signal] = ()) -> str:
+                    signals: Sequence[Signal] = (), paused: PausedWorkflow | None = None
+                    ) -> str:
     """The human-readable ``show`` output: the run, its journal as a timeline, what to do.
 
     ``step=N`` shows that step's tries in full instead (arguments, result, the whole error).
     Every line of the timeline is at most ``width`` characters; ``color`` adds ANSI colours
     for states (see :func:`terminal_width` and :func:`use_color` for a terminal's).
-    ``signals`` (the run's stored signals) give a rejection its reason.
+    ``signals`` (the run's stored signals) give a rejection its reason. ``paused``: the
+    pause of the run's workflow, said of a run that has not ended.
     """
     width = max(width, MIN_WIDTH)
     rows = timeline_rows(run, entries)
     view = _View(width, color)
     view.header(run, rows, entries)
+    if paused is not None and not run.state.finished:
+        view.field("paused", (f"its workflow is {paused_phrase(paused)}; no attempt starts "
+                              f"until: durable resume {run.workflow}", "error"))
     gate = approval_view(run, entries, signals)
     if gate is not None and step is None:
         view.approval(run, gate)
@@ -718,6 +733,11 @@ def start_by_phrase(run: Run) -> str:
     """When a run that never started must be claimed by (its ``start_within``), and what
     happens past it."""
     return f"{utc(run.start_by)}  (else it fails without running)"
+
+
+def paused_phrase(pause: PausedWorkflow) -> str:
+    """``paused since T by user@host (cli)``: a paused workflow, for messages."""
+    return f"paused since {utc(pause.paused_at)} by {origin_text(pause.origin)}"
 
 
 CUT_SHORT = " (when the workflow's timeout runs out: the run then fails)"

@@ -265,6 +265,22 @@ class NewRun:
 
 
 @attrs.frozen
+class PausedWorkflow:
+    """A workflow an operator paused: no attempt of it starts until it is resumed
+    (docs/design.md, "Pausing a workflow")."""
+
+    workflow: str
+    paused_at: float
+    """When, on the store's clock."""
+    origin: Mapping[str, JSON] | None = None
+    """Who paused it (``{"via": "cli", "user": ..., "host": ...}``), as given."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> PausedWorkflow:
+        return cls(row["workflow"], float(row["paused_at"]), loads(row["origin"]))
+
+
+@attrs.frozen
 class Fence:
     """The identity of an attempt: every write it makes is conditioned on it."""
 

@@ -12,8 +12,8 @@ from durable._cli import build_parser, worker_parser
 
 from .test_cli import assert_one_line_error, cli
 
-COMMANDS = ["start", "list", "show", "cancel", "signal", "replay", "approve", "reject",
-            "schedule", "prune", "migrate", "console", "worker"]
+COMMANDS = ["start", "list", "show", "cancel", "signal", "pause", "resume", "paused",
+            "replay", "approve", "reject", "schedule", "prune", "migrate", "console", "worker"]
 SCHEDULE_ACTIONS = ["add", "list", "show", "pause", "resume", "delete"]
 
 

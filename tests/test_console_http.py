@@ -180,6 +180,34 @@ async def test_a_queued_run_s_page_says_by_when_it_must_start(
         assert "2.0 min of being due<" in claimed and "fails without running" not in claimed
 
 
+async def test_a_paused_workflow_is_shown_on_the_runs_list_and_its_runs_pages(
+        fclient: durable.Client, flow_registry: durable.Registry) -> None:
+    """``durable pause``: the runs list says which workflows are paused, by whom and how to
+    resume (the live fragment and the JSON too), its queued runs carry a *paused* badge, and
+    a run's page says its workflow is paused; once resumed, nothing says so."""
+    client = fclient
+    await client.start("t.ok", "slot-1", id="held")
+    await client.start("t.echo", "x", id="free")
+    await client.pause("t.ok", origin={"via": "cli", "user": "ops", "host": "bastion"})
+    async with console(client) as http:
+        runs = (await http.get("/runs")).text
+        assert "Paused: no attempt of these workflows starts" in runs
+        assert "<b>t.ok</b> paused since" in runs and "ops@bastion (cli)" in runs
+        assert "durable resume t.ok" in runs
+        [held] = [row for row in runs.split("<tr") if 'data-run-id="held"' in row]
+        [free] = [row for row in runs.split("<tr") if 'data-run-id="free"' in row]
+        assert 'class="badge paused"' in held and "paused" not in free
+        assert "Paused:" in (await http.get("/runs/live")).text
+        api = (await http.get("/api/runs")).json()
+        assert [p["workflow"] for p in api["paused"]] == ["t.ok"]
+        page = (await http.get("/runs/held")).text
+        assert "its workflow is paused since" in page
+        assert "its workflow is paused" not in (await http.get("/runs/free")).text
+        await client.resume("t.ok")
+        assert "Paused:" not in (await http.get("/runs")).text
+        assert "its workflow is paused" not in (await http.get("/runs/held")).text
+
+
 async def test_live_fragment_is_final_only_when_the_run_ended(
         client: durable.Client, flow_registry: durable.Registry, gate: anyio.Event) -> None:
     async with running_worker(client, flow_registry), console(client) as http:

@@ -106,10 +106,13 @@ class Console:
                     written[(ns, key)] = e.epoch
         records = [(ns, key, await store.get_record(ns, key), epoch)
                    for (ns, key), epoch in written.items()]
+        pause = (None if run.state.finished else
+                 next((p for p in await self.client.paused() if p.workflow == run.workflow),
+                      None))
         return render.RunDetail(run, entries,
                                 RecoveryReport.build(run, entries, self.console_url),
                                 progress(run, entries), records, await store.now(),
-                                approval_view(run, entries, signals), signals)
+                                approval_view(run, entries, signals), signals, pause)
 
     async def runs(self, query: render.ListQuery, before: str | None
                    ) -> tuple[list[Run], dict[str, int], str | None]:
@@ -362,12 +365,14 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         before = request.query_params.get("before") or None
         runs, counts, cursor = await console.runs(query, before)
         return html(request, render.runs_page(query, runs, counts, cursor,
-                                              console.chrome(request), before=before))
+                                              console.chrome(request), before=before,
+                                              paused=await console.client.paused()))
 
     async def runs_live(request: Request) -> Response:
         query = _list_query(request)
         runs, counts, cursor = await console.runs(query, request.query_params.get("before"))
-        return HTMLResponse(render.runs_fragment(query, runs, counts, cursor))
+        return HTMLResponse(render.runs_fragment(query, runs, counts, cursor,
+                                                 await console.client.paused()))
 
     async def run_page(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -418,8 +423,9 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
     async def api_runs(request: Request) -> Response:
         query = _list_query(request)
         runs, counts, cursor = await console.runs(query, request.query_params.get("before"))
+        paused = [attrs.asdict(p) for p in await console.client.paused()]
         return JSONResponse(_safe({"runs": [run_json(r) for r in runs], "next": cursor,
-                                   "counts": counts}))
+                                   "counts": counts, "paused": paused}))
 
     async def api_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]

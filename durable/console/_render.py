@@ -21,9 +21,16 @@ from .._approval import ApprovalView, origin_text
 from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
-from .._report import RecoveryReport, _current_epoch, duration, utc, waiting_phrase
+from .._report import (
+    RecoveryReport,
+    _current_epoch,
+    duration,
+    paused_phrase,
+    utc,
+    waiting_phrase,
+)
 from .._retention import PrunedRun
-from .._types import EntryKind, JournalEntry, Record, Run, RunState, Signal
+from .._types import EntryKind, JournalEntry, PausedWorkflow, Record, Run, RunState, Signal
 
 STATES = [s.value for s in RunState]
 
@@ -122,13 +129,14 @@ class ListQuery:
 
 
 def runs_page(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int],
-              next_cursor: str | None, chrome: Chrome, *, before: str | None) -> str:
+              next_cursor: str | None, chrome: Chrome, *, before: str | None,
+              paused: Sequence[PausedWorkflow] = ()) -> str:
     """The runs list; its table refreshes itself in place (the same page: ``before`` kept)."""
     live = "/runs/live?" + query.params(before=before)
     body = f"""<h1>Runs</h1>
 {filters_form(query)}
 <section class="live" data-poll="{attr(live)}" data-poll-interval="2000" data-poll-name="runs">
-{runs_fragment(query, runs, counts, next_cursor)}
+{runs_fragment(query, runs, counts, next_cursor, paused)}
 </section>"""
     return page("Runs", body, chrome)
 
@@ -150,7 +158,8 @@ def filters_form(query: ListQuery) -> str:
 
 
 def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int],
-                  next_cursor: str | None) -> str:
+                  next_cursor: str | None, paused: Sequence[PausedWorkflow] = ()) -> str:
+    held = {p.workflow for p in paused}
     total = sum(counts.values())
     every_state = attrs.evolve(query, state=None).params()
     chips = [f'<a class="count" href="/runs?{attr(every_state)}">all <b>{total}</b></a>']
@@ -164,7 +173,7 @@ def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, in
             f'<tr class="run state-{run.state.value}" data-run-id="{attr(run.id)}">'
             f'<td class="id"><a href="/runs/{attr(run.id)}">{text(run.id)}</a></td>'
             f"<td>{text(run.workflow)}</td><td>{text(run.key or '-')}</td>"
-            f"<td>{badge(run.state.value)}{_delayed(run)}</td><td>{run.attempt}</td>"
+            f"<td>{badge(run.state.value)}{_held(run, held)}</td><td>{run.attempt}</td>"
             f"<td>{when(run.created_at)}</td><td>{when(run.updated_at)}</td>"
             f'<td class="error">{text(_first_line(run.error))}</td></tr>')
     table = ("<table class=\"runs\"><thead><tr><th>id</th><th>workflow</th><th>key</th>"
@@ -173,7 +182,24 @@ def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, in
              if rows else '<p class="empty">No runs match.</p>')
     more = (f'<p class="pager"><a rel="next" href="/runs?{attr(query.params(before=next_cursor))}">'
             "older runs →</a></p>" if next_cursor else "")
-    return f'<p class="counts">{"".join(chips)}</p>{table}{more}'
+    return f'<p class="counts">{"".join(chips)}</p>{paused_banner(paused)}{table}{more}'
+
+
+def paused_banner(paused: Sequence[PausedWorkflow]) -> str:
+    """Which workflows are paused: no attempt of them starts until they are resumed."""
+    if not paused:
+        return ""
+    items = "".join(f"<li><b>{text(p.workflow)}</b> {text(paused_phrase(p))}: resume with "
+                    f"<code>durable resume {text(p.workflow)}</code></li>" for p in paused)
+    return (f'<div class="paused-workflows"><p>Paused: no attempt of these workflows starts '
+            f"until it is resumed; their runs stay queued.</p><ul>{items}</ul></div>")
+
+
+def _held(run: Run, held: set[str]) -> str:
+    """A queued run of a paused workflow says so; else a never-started one its start."""
+    if run.state is RunState.QUEUED and run.workflow in held:
+        return ' <span class="badge paused">paused</span>'
+    return _delayed(run)
 
 
 def _delayed(run: Run) -> str:
@@ -203,6 +229,8 @@ class RunDetail:
     """The run's plan and its decision (None: the run journaled no plan)."""
     signals: Sequence[Signal] = ()
     """Every signal recorded for the run, in order (``Store.list_signals``)."""
+    paused: PausedWorkflow | None = None
+    """The pause of the run's workflow, if it is paused (and the run not finished)."""
 
 
 def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
@@ -262,6 +290,9 @@ def header(d: RunDetail) -> str:
         ends = ("" if since is None or run.state.finished
                 else f", runs out {when(since + run.timeout, ago=False)}")
         rows.append(("timeout", f"{duration(run.timeout)} from its first attempt{ends}"))
+    if d.paused is not None:
+        rows.append(("paused", f"its workflow is {text(paused_phrase(d.paused))}: no attempt "
+                               f"starts until <code>durable resume {text(run.workflow)}</code>"))
     if run.start_by is not None and run.start_within is not None:  # at the first claim
         by = (f", by {when(run.start_by, ago=False)}, or it fails without running"
               if run.attempt == 0 and run.state is RunState.QUEUED else "")

@@ -32,6 +32,7 @@ from .._types import (
     JournalEntry,
     JournalWrite,
     NewRun,
+    PausedWorkflow,
     Record,
     Renewal,
     Run,
@@ -40,7 +41,7 @@ from .._types import (
     SignalSent,
 )
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 """The schema version this version of durable writes and understands."""
 
 
@@ -611,6 +612,22 @@ class Store(abc.ABC):
         """Pause, or resume, a schedule in one statement; None if there is none of that
         name. A resume moves the schedule past every fire up to now: a paused schedule
         starts nothing, not even later."""
+
+    # -- paused workflows (docs/design.md, "Pausing a workflow") --------------------------------
+    @abc.abstractmethod
+    async def pause_workflow(self, workflow: str,
+                             origin: Mapping[str, JSON] | None) -> PausedWorkflow | None:
+        """Pause ``workflow``: from this write's commit no claim takes a run of it. The
+        pause as written, or None if it was paused already (the first pause stands)."""
+
+    @abc.abstractmethod
+    async def resume_workflow(self, workflow: str) -> PausedWorkflow | None:
+        """Resume ``workflow`` (its runs are claimable again; idle workers are woken): the
+        pause it ended, or None if it was not paused."""
+
+    @abc.abstractmethod
+    async def paused_workflows(self) -> list[PausedWorkflow]:
+        """Every paused workflow, by name."""
 
     @abc.abstractmethod
     async def delete_schedule(self, name: str) -> bool:

@@ -74,6 +74,7 @@ from .._types import (
     JournalEntry,
     JournalWrite,
     NewRun,
+    PausedWorkflow,
     Record,
     Renewal,
     Run,
@@ -1557,6 +1558,20 @@ class PostgresStore(Store):
         row = await self._row(Q["pause_schedule"],
                               {"name": name, "paused": paused, "now": self._now()})
         return None if row is None else Schedule.from_row(row)
+
+    async def pause_workflow(self, workflow: str,
+                             origin: Mapping[str, JSON] | None) -> PausedWorkflow | None:
+        row = await self._row(Q["pause_workflow"], {
+            "workflow": workflow, "now": self._now(),
+            "origin": None if origin is None else dumps(dict(origin), "origin")})
+        return None if row is None else PausedWorkflow.from_row(row)
+
+    async def resume_workflow(self, workflow: str) -> PausedWorkflow | None:
+        row = await self._row(Q["resume_workflow"], {"workflow": workflow})
+        return None if row is None else PausedWorkflow.from_row(row)
+
+    async def paused_workflows(self) -> list[PausedWorkflow]:
+        return [PausedWorkflow.from_row(r) for r in await self._read(Q["paused_workflows"], {})]
 
     async def delete_schedule(self, name: str) -> bool:
         return await self._row(Q["delete_schedule"], {"name": name}) is not None

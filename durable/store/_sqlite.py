@@ -41,6 +41,7 @@ from .._types import (
     JournalEntry,
     JournalWrite,
     NewRun,
+    PausedWorkflow,
     Record,
     Renewal,
     Run,
@@ -1022,6 +1023,30 @@ class SqliteStore(Store):
             return None if row is None else Schedule.from_row(row)
 
         return await self._run(tx)
+
+    async def pause_workflow(self, workflow: str,
+                             origin: Mapping[str, JSON] | None) -> PausedWorkflow | None:
+        params = {"workflow": workflow, "now": self.clock.now(),
+                  "origin": None if origin is None else dumps(dict(origin), "origin")}
+
+        def tx(conn: sqlite3.Connection) -> PausedWorkflow | None:
+            row = conn.execute(Q["pause_workflow"], params).fetchone()
+            return None if row is None else PausedWorkflow.from_row(row)
+
+        return await self._run(tx)
+
+    async def resume_workflow(self, workflow: str) -> PausedWorkflow | None:
+        def tx(conn: sqlite3.Connection) -> PausedWorkflow | None:
+            row = conn.execute(Q["resume_workflow"], {"workflow": workflow}).fetchone()
+            return None if row is None else PausedWorkflow.from_row(row)
+
+        return await self._run(tx)
+
+    async def paused_workflows(self) -> list[PausedWorkflow]:
+        def read(conn: sqlite3.Connection) -> list[PausedWorkflow]:
+            return [PausedWorkflow.from_row(r) for r in conn.execute(Q["paused_workflows"])]
+
+        return await self._run(read, write=False)
 
     async def delete_schedule(self, name: str) -> bool:
         def tx(conn: sqlite3.Connection) -> bool:

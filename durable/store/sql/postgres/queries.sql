@@ -172,6 +172,8 @@ state = 'running',
 -- creation (an interrupted run keeps its key).
 r.state = 'queued' AND r.run_at <= %(now)s
       AND (%(workflows)s::text[] IS NULL OR r.workflow = ANY (%(workflows)s::text[]))
+      -- not of a paused workflow (migration 014): a lookup by primary key per candidate
+      AND NOT EXISTS (SELECT 1 FROM durable_paused AS p WHERE p.workflow = r.workflow)
       AND (r.concurrency_key IS NULL OR (
             NOT EXISTS (SELECT 1 FROM durable_runs AS x
                         WHERE x.concurrency_key = r.concurrency_key AND x.state = 'running')
@@ -760,3 +762,19 @@ LEFT JOIN LATERAL (
 -- name: list_signals
 SELECT seq, name, signal_id, payload, created_at, origin FROM durable_signals
 WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: pause_workflow
+-- Pause a workflow (docs/design.md, "Pausing a workflow"): a row, once; a second pause
+-- keeps the first's time and origin (nothing is returned).
+INSERT INTO durable_paused (workflow, paused_at, origin)
+VALUES (%(workflow)s::text, %(now)s, %(origin)s::text)
+ON CONFLICT (workflow) DO NOTHING
+RETURNING *;
+
+-- name: resume_workflow
+-- The delete's statement trigger notifies the work channel (migration 014).
+DELETE FROM durable_paused WHERE workflow = %(workflow)s::text RETURNING *;
+
+-- name: paused_workflows
+SELECT * FROM durable_paused ORDER BY workflow COLLATE "C";
+

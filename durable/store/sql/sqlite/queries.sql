@@ -160,6 +160,8 @@ id = (SELECT r.id FROM durable_runs AS r WHERE r.id = :run_id AND /*claimable*/)
 -- Which queued runs a claim may take (claim, claim_run, claimable: one set of conditions).
 r.state = 'queued' AND r.run_at <= :now
       AND (:workflows IS NULL OR r.workflow IN (SELECT value FROM json_each(:workflows)))
+      -- not of a paused workflow (migration 014): a lookup by primary key per candidate
+      AND NOT EXISTS (SELECT 1 FROM durable_paused AS p WHERE p.workflow = r.workflow)
       -- A key is held by its running run, and by a run that has started and is queued
       -- again (released or recovered): it comes first, ahead of runs that never started,
       -- which are served FIFO (run_at, then creation).
@@ -517,3 +519,17 @@ ORDER BY seq LIMIT 1;
 -- name: list_signals
 SELECT seq, name, signal_id, payload, created_at, origin FROM durable_signals
 WHERE run_id = :run_id ORDER BY seq;
+
+-- name: pause_workflow
+-- Pause a workflow (docs/design.md, "Pausing a workflow"): a row, once; a second pause
+-- keeps the first's time and origin (nothing is returned).
+INSERT INTO durable_paused (workflow, paused_at, origin) VALUES (:workflow, :now, :origin)
+ON CONFLICT (workflow) DO NOTHING
+RETURNING *;
+
+-- name: resume_workflow
+DELETE FROM durable_paused WHERE workflow = :workflow RETURNING *;
+
+-- name: paused_workflows
+SELECT * FROM durable_paused ORDER BY workflow;
+
