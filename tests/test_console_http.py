@@ -208,6 +208,36 @@ async def test_a_paused_workflow_is_shown_on_the_runs_list_and_its_runs_pages(
         assert "its workflow is paused" not in (await http.get("/runs/held")).text
 
 
+async def test_a_run_page_pauses_and_resumes_its_workflow_with_the_token(
+        client: durable.Client, flow_registry: durable.Registry) -> None:
+    """The run page's *pause workflow* form (the token and the CSRF value, as every action)
+    pauses the run's workflow, saying who; the page then offers *resume*, which ends it. The
+    JSON API does the same with the bearer token."""
+    await client.start("t.ok", "slot-8", id="ok-8", delay=3600)
+    async with console(client, token=TOKEN) as http:
+        page = (await http.get("/runs/ok-8")).text
+        assert 'action="/runs/ok-8/pause"' in page and "pause workflow t.ok" in page
+        csrf = _csrf(page)
+        refused = await http.post("/runs/ok-8/pause", data={"csrf": csrf, "token": "wrong"})
+        assert refused.status_code == 403 and await client.paused() == []
+        done = await http.post("/runs/ok-8/pause", data={"csrf": csrf, "token": TOKEN},
+                               headers={"Origin": str(http.base_url).rstrip("/")})
+        assert done.status_code == 303
+        [pause] = await client.paused()
+        assert pause.workflow == "t.ok" and pause.origin is not None
+        assert pause.origin["via"] == "console"
+        after = (await http.get(done.headers["location"])).text
+        assert "t.ok paused since" in after and 'action="/runs/ok-8/resume"' in after
+        resumed = await http.post("/runs/ok-8/resume", data={"csrf": _csrf(after),
+                                                              "token": TOKEN},
+                                  headers={"Origin": str(http.base_url).rstrip("/")})
+        assert resumed.status_code == 303 and await client.paused() == []
+        assert "t.ok resumed" in (await http.get(resumed.headers["location"])).text
+        api = await http.post("/api/runs/ok-8/pause", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert api.status_code == 200 and "t.ok paused since" in api.json()["message"]
+        assert [p.workflow for p in await client.paused()] == ["t.ok"]
+
+
 async def test_live_fragment_is_final_only_when_the_run_ended(
         client: durable.Client, flow_registry: durable.Registry, gate: anyio.Event) -> None:
     async with running_worker(client, flow_registry), console(client) as http:

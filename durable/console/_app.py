@@ -42,7 +42,7 @@ from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundE
 from .._hosts import foreign_name, loopback
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
-from .._report import RecoveryReport, parse_time, utc
+from .._report import RecoveryReport, parse_time, paused_phrase, utc
 from .._shapes import entry_json, run_json, show_json
 from .._types import JSON, EntryKind, Run, RunState
 from . import _render as render
@@ -174,6 +174,16 @@ class Console:
             signal_id = fields.get("signal_id", "").strip() or None
             _, message = await self.signal(run_id, name, _parse_payload(fields.get("payload")),
                                            signal_id, origin)
+        elif action in ("pause", "resume"):  # the run's workflow (Client.pause)
+            workflow = (await self.client.get(run_id)).workflow
+            if action == "pause":
+                pause = await self.client.pause(workflow, origin=origin)
+                message = (f"{workflow} {paused_phrase(pause)}: no attempt of it starts "
+                           "until it is resumed")
+            else:
+                ended = await self.client.resume(workflow)
+                message = (f"{workflow} was not paused" if ended is None else
+                           f"{workflow} resumed: its runs are claimed again")
         elif action == "cancel":
             run = await self.client.cancel(run_id, origin=origin)
             message = (f"{run_id} cancelled before it started" if run.state.finished
@@ -595,4 +605,4 @@ class _Headers:
         await self.app(scope, receive, send_with_headers)
 
 
-ACTIONS = ("cancel", "replay", "signal", "approve", "reject")
+ACTIONS = ("cancel", "replay", "signal", "approve", "reject", "pause", "resume")

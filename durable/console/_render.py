@@ -557,9 +557,10 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
         return ('<section class="actions read-only"><h2>Actions</h2><p>This console is '
                 "<b>read-only</b>: no admin token is configured. Start it with "
                 "<code>DURABLE_CONSOLE_TOKEN</code> set (or <code>--token-file</code>) to "
-                "cancel, replay, signal, approve and reject runs here, or use <code>python -m "
-                "durable cancel</code> / <code>replay</code> / <code>signal</code> / "
-                "<code>approve</code> / <code>reject</code>.</p></section>")
+                "cancel, replay, signal, approve and reject runs and pause their workflows "
+                "here, or use <code>python -m durable cancel</code> / <code>replay</code> / "
+                "<code>signal</code> / <code>approve</code> / <code>reject</code> / "
+                "<code>pause</code>.</p></section>")
     token = ('<label>admin token <input type="password" name="token" autocomplete="off" '
              'required></label>')
     csrf = f'<input type="hidden" name="csrf" value="{attr(chrome.csrf)}">'
@@ -578,6 +579,11 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
         forms.append(f'<form class="action cancel" method="post" '
                      f'action="/runs/{attr(run.id)}/cancel">{csrf}{token}'
                      '<button type="submit" class="danger">cancel run</button></form>')
+        pausing = "resume" if d.paused is not None else "pause"
+        forms.append(f'<form class="action {pausing}" method="post" '
+                     f'action="/runs/{attr(run.id)}/{pausing}">{csrf}{token}'
+                     f'<button type="submit">{pausing} workflow {text(run.workflow)}</button>'
+                     "</form>")
     rejected = d.approval is not None and d.approval.decision == "rejected"
     if run.state in (RunState.FAILED, RunState.CANCELLED) and not rejected:
         history = History.fold(d.entries)
