@@ -142,6 +142,10 @@ class MetricsInterceptor(Interceptor):
         self.queue_age = Gauge(
             "durable_queue_age_seconds", "How long the longest-waiting due queued run has "
             "been due, per workflow (0: none)", ["workflow"], registry=r)
+        self.workflow_paused = Gauge(
+            "durable_workflow_paused", "1 while a workflow is paused (durable pause: its runs "
+            "wait, its queue grows), else 0 (read from the store at each scrape)",
+            ["workflow"], registry=r)
         self.loop_failures = Counter(
             "durable_loop_failures", "Failed tries of a worker loop (claim, renew, listen, "
             "sweep, schedule, ...): the store unreachable, say", ["loop"], registry=r)
@@ -149,6 +153,7 @@ class MetricsInterceptor(Interceptor):
             "durable_loop_failing", "1 while a worker loop's tries fail (from its first "
             "failure to its next success), else 0", ["loop"], registry=r)
         self._queued: set[str] = set()
+        self._paused: set[str] = set()
 
     def on_loop_failed(self, loop: str, error: str) -> None:
         self.loop_failures.labels(loop).inc()
@@ -245,9 +250,16 @@ class MetricsInterceptor(Interceptor):
 
     # -- the queue ---------------------------------------------------------------------------
     async def refresh_queue(self, store: Store) -> None:
-        """Read the due queued runs per workflow into the queue gauges (one read); a
-        workflow whose queue emptied shows 0."""
+        """Read the due queued runs per workflow into the queue gauges, and the paused
+        workflows (two reads); a workflow whose queue emptied, or that was resumed, shows
+        0."""
         stats = await store.queue_stats()
+        paused = {p.workflow for p in await store.paused_workflows()}
+        for workflow in self._paused - paused:  # resumed
+            self.workflow_paused.labels(workflow).set(0)
+        for workflow in paused:
+            self.workflow_paused.labels(workflow).set(1)
+        self._paused |= paused
         for workflow in self._queued - set(stats):
             self.queue_depth.labels(workflow).set(0)
             self.queue_age.labels(workflow).set(0)

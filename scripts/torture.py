@@ -122,7 +122,10 @@ FAULT_PATHS = [  # (method, glob) of the requests the workflows send
     ("POST", "/hooks/*"),
 ]
 ACTIONS = {"kill": 1, "term": 1, "freeze": 1, "fault": 3, "cancel": 1, "term_cancel": 1,
-           "replay": 1, "start": 2, "pg_terminate": 1, "pg_lose": 2}
+           "replay": 1, "start": 2, "pg_terminate": 1, "pg_lose": 2, "pause": 1}
+PAUSABLE = ("slot.reset", "slot.teardown", "audio.batch")
+"""The workflows an operator pauses now and then (``durable pause``), for 1-4 s each. Not the
+nap runs (their wake-ups are judged on time)."""
 TICK = ScheduleSpec(name="tick", workflow="audio.batch", args=["tick", VOICE, ["tick la la"], 1],
                     cron="* * * * * */2")
 """Every two seconds, from the chaos's start to its end: a small TTS job, unkeyed."""
@@ -159,6 +162,18 @@ class Freeze:
     stopped_at: float
     continue_at: float
     continued_at: float | None = None
+
+
+@dataclass
+class Pause:
+    """An operator's pause of a workflow, on the store's clock: every claim that read its
+    clock after ``paused_by`` (read once the pause had committed) and before ``resuming_at``
+    (read before the resume was sent) saw the pause."""
+
+    workflow: str
+    resume_at: float  # time.monotonic()
+    paused_by: float | None = None  # None: the pause's answer was lost (not judged)
+    resuming_at: float | None = None
 
 
 @dataclass
@@ -209,6 +224,8 @@ class Torture:
     late_wakes: dict[str, float] = field(default_factory=dict)
     """Nap runs seen queued longer than the slack after they were due, in the settling
     phase (no faults, every worker alive): a lost wake-up."""
+    pauses: list[Pause] = field(default_factory=list)
+    """The operator's pauses of a workflow, one at a time (the last may still hold)."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -384,6 +401,13 @@ class Torture:
             fill(self.disk)
             self.full_until = time.monotonic() + self.rng.uniform(0.5, 2.5) * self.lease
             self.counts["disk full"] += 1
+        elif action == "pause" and (not self.pauses or self.pauses[-1].resuming_at):
+            pause = Pause(self.rng.choice(PAUSABLE),
+                          time.monotonic() + self.rng.uniform(1.0, 4.0))
+            self.pauses.append(pause)  # resumed by the pauser, even if the answer is lost
+            await client.pause(pause.workflow, origin={"via": "torture"})
+            pause.paused_by = await client.store.now()
+            self.counts["workflows paused"] += 1
         elif action == "replay":
             done = [r for r in await client.list(limit=1000)
                     if r.state in (durable.RunState.FAILED, durable.RunState.CANCELLED)]
@@ -545,6 +569,29 @@ class Torture:
             self.poked[run_id] = time.time()  # the signal committed before now
             self.counts["pokes"] += 1
 
+    async def pauser(self, client: durable.Client) -> None:
+        """During the chaos, every 50 ms: resume the paused workflow when its time is up."""
+        while True:
+            await anyio.sleep(0.05)
+            if self.pauses and self.pauses[-1].resuming_at is None \
+                    and time.monotonic() >= self.pauses[-1].resume_at:
+                await self.guarded(self.resume(client))
+
+    async def resume(self, client: durable.Client) -> None:
+        pause = self.pauses[-1]
+        resuming_at = await client.store.now()
+        await client.resume(pause.workflow)
+        pause.resuming_at = resuming_at
+
+    async def end_pause(self, client: durable.Client) -> None:
+        """After the chaos: the last pause is resumed, whatever it takes (the database may
+        refuse a write a moment longer after a terminated connection)."""
+        with anyio.fail_after(60):
+            while self.pauses and self.pauses[-1].resuming_at is None:
+                await self.guarded(self.resume(client))
+                if self.pauses[-1].resuming_at is None:
+                    await anyio.sleep(0.2)
+
     async def tender(self) -> None:
         """``tend`` every 50 ms during the chaos, beside the scheduler's actions."""
         while True:
@@ -672,12 +719,14 @@ class Torture:
                     chaos.start_soon(self.tender)
                     chaos.start_soon(self.decider, client)
                     chaos.start_soon(self.poker, client)
+                    chaos.start_soon(self.pauser, client)
                     while time.monotonic() < chaos_end:
                         action = self.rng.choices(list(actions), list(actions.values()))[0]
                         await self.guarded(self.act(client, action))
                         await anyio.sleep(self.rng.uniform(0.2, 0.6))
                     chaos.cancel_scope.cancel()
                 self.calm()
+                await self.end_pause(client)
                 self.tick_window[1] = time.time()
                 await client.delete_schedule(TICK.name)
                 while len(self.started) < len(self.plan):
@@ -738,6 +787,7 @@ class Torture:
             check_schedule(fired, *self.tick_window),
             check_waits(journals, ledger, self.naps, self.poked, self.late_wakes),
             check_retries(journals),
+            check_pauses(journals, runs, self.pauses),
         ]
         if self.backend == "sqlite":
             checks.append(("no write of this script locked out (30 s)", not self.lockouts,
@@ -1047,6 +1097,32 @@ def check_waits(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
     return ("every durable sleep and wait ended once, on time", not bad,
             "; ".join(bad[:5]) or f"{len(naps)} nap runs: {slept} slept, {received} "
             f"signals received, {timed_out} waits timed out")
+
+
+def check_pauses(journals: dict[str, list[Any]], runs: dict[str, Any],
+                 pauses: Sequence[Pause]) -> Check:
+    """No attempt of a paused workflow began while it was paused: no ``run_claimed`` entry of
+    one of its runs is stamped after the pause had committed and before the resume was sent
+    (each claim's time is the store's, read before its statement, as the window's ends)."""
+    bad: list[str] = []
+    judged = claims = 0
+    for pause in pauses:
+        if pause.paused_by is None or pause.resuming_at is None:
+            continue  # its answer was lost: when it took hold is not known
+        judged += 1
+        for run_id, run in runs.items():
+            if run.workflow != pause.workflow:
+                continue
+            for e in journals[run_id]:
+                if e.kind is durable.EntryKind.RUN_CLAIMED:
+                    claims += 1
+                    if pause.paused_by + CLOCK_SLACK < e.at < pause.resuming_at - CLOCK_SLACK:
+                        bad.append(f"{run_id} attempt {e.attempt} claimed at {iso(e.at)}, "
+                                   f"while {pause.workflow} was paused ({iso(pause.paused_by)}"
+                                   f" to {iso(pause.resuming_at)})")
+    return ("no attempt of a paused workflow began while it was paused", not bad,
+            "; ".join(bad[:5]) or f"{len(pauses)} pauses, {judged} judged, {claims} claims "
+            "of their workflows")
 
 
 def check_retries(journals: dict[str, list[Any]]) -> Check:

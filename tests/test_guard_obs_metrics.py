@@ -95,6 +95,21 @@ async def test_a_queue_that_emptied_shows_zero(
     assert sample(metrics, "durable_queue_age_seconds", workflow="queued") == 0
 
 
+async def test_a_paused_workflow_shows_one_until_it_is_resumed(
+        fclient: durable.Client) -> None:
+    """``durable_workflow_paused``: 1 while paused (its queue is expected to grow), 0 once
+    resumed; a workflow never paused has no sample."""
+    metrics = MetricsInterceptor()
+    await fclient.pause("wiper")
+    await metrics.refresh_queue(fclient.store)
+    assert sample(metrics, "durable_workflow_paused", workflow="wiper") == 1
+    assert metrics.registry.get_sample_value("durable_workflow_paused",
+                                             {"workflow": "other"}) is None
+    await fclient.resume("wiper")
+    await metrics.refresh_queue(fclient.store)
+    assert sample(metrics, "durable_workflow_paused", workflow="wiper") == 0
+
+
 async def _scrape(metrics: MetricsInterceptor, store: Any) -> httpx.Response:
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)

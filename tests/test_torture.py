@@ -410,3 +410,23 @@ def test_the_retry_check_fails_on_a_try_before_its_released_delay_ran_out() -> N
     replayed = [*on_time[:3], ("run_replayed", 1, 2.0, None, {}),
                 ("run_claimed", 2, 2.1, None, {}), ("step_started", 2, 2.2, 3, {})]
     assert t.check_retries({"n": _nap(*replayed)})[1]  # a replay starts the delay afresh
+
+
+def test_the_pause_check_fails_on_a_claim_while_the_workflow_was_paused() -> None:
+    """A run of the paused workflow claimed inside the window fails the check; one claimed
+    before the pause committed or after the resume was sent does not, nor a run of another
+    workflow, nor a pause whose answer was lost (when it took hold is not known)."""
+    t = _checks()
+    runs = {"r": type("R", (), {"workflow": "slot.reset"})(),
+            "o": type("R", (), {"workflow": "audio.batch"})()}
+
+    def claimed(run_id: str, at: float) -> list[JournalEntry]:
+        return [JournalEntry(1, run_id, 1, EntryKind.RUN_CLAIMED, at, attempt=1)]
+
+    pause = t.Pause("slot.reset", 0.0, paused_by=100.0, resuming_at=110.0)
+    fine = {"r": claimed("r", 99.0) + claimed("r", 111.0), "o": claimed("o", 105.0)}
+    assert t.check_pauses(fine, runs, [pause])[1]
+    lost = t.Pause("slot.reset", 0.0, paused_by=None, resuming_at=110.0)
+    assert t.check_pauses({"r": claimed("r", 105.0), "o": []}, runs, [lost])[1]
+    ok, detail = t.check_pauses({"r": claimed("r", 105.0), "o": []}, runs, [pause])[1:]
+    assert not ok and "r attempt 1 claimed at" in detail and "slot.reset was paused" in detail
