@@ -36,6 +36,7 @@ import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
@@ -77,6 +78,15 @@ check runs before the interceptors, the pool and the connect: a process that sta
 after it (SIGSTOP, a paused VM, an event loop blocked), once the request was past its last
 await, resumed past its lease's deadline and wrote the request before the event loop
 delivered the deadline's cancel."""
+
+HEADERS_FENCE: ContextVar[Callable[[], None] | None] = ContextVar("durable_headers_fence",
+                                                                 default=None)
+"""The :data:`FENCE_EXTENSION` check of the request whose headers are being written (set by
+the trace callback at ``send_request_headers.started``, cleared when they are written): the
+worker's network streams call it once more right before the headers' bytes go to the
+socket, so what remains of the window is one ``send`` call, not httpcore's serialization of
+the request and anyio's write path (docs/design.md, *A request's lease is checked again
+where it leaves*)."""
 
 WAIT_EXTENSION = "durable.pool_wait"
 """Request extension: ``told(waited, host, limit, outcome)``, called when a wait for a slot
@@ -136,6 +146,9 @@ class _Resetting(httpcore.AsyncNetworkStream):
         return await self._stream.read(max_bytes, timeout)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        fence = HEADERS_FENCE.get()
+        if fence is not None:  # a request's headers: the lease checked as they leave
+            fence()
         await self._stream.write(buffer, timeout)
 
     async def aclose(self) -> None:
@@ -161,6 +174,31 @@ if _AnyIOStream is not None:
         def __init__(self, stream: anyio.abc.SocketStream, sock: socket.socket) -> None:
             super().__init__(stream)
             self._sock = sock
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            fence = HEADERS_FENCE.get()
+            if fence is not None and buffer:  # a request's headers: see HEADERS_FENCE
+                sent = self._send_now(buffer, fence)
+                if sent == len(buffer):
+                    return
+                buffer = buffer[sent:]
+            await super().write(buffer, timeout)
+
+        def _send_now(self, buffer: bytes, fence: Callable[[], None]) -> int:
+            """Check the lease, then hand the kernel what it takes at once, with nothing
+            in between (a stall after the check, a SIGSTOP or a blocked loop, can no longer
+            let the request out past the lease's deadline). Only when no earlier write
+            waits in the event loop's buffer (asyncio), so bytes keep their order; the
+            rest, or all of it then, goes through the stream's own write."""
+            fence()  # LeaseLostError: nothing of the request was sent
+            transport = getattr(self._stream, "_transport", None)  # anyio's asyncio stream
+            if transport is not None and (transport.get_write_buffer_size()
+                                          or transport.is_closing()):
+                return 0
+            try:
+                return self._sock.send(buffer)
+            except OSError:  # would block, or broken: the stream's write says which
+                return 0
 
         def get_extra_info(self, info: str) -> Any:
             if info == "is_readable":
@@ -241,6 +279,10 @@ def _fenced_trace(check: Callable[[], None],
             await inner(event, info)
         if event.endswith(".send_request_headers.started"):  # http11. and http2.
             check()
+            HEADERS_FENCE.set(check)  # and again at the socket (the same task's context)
+        elif event.endswith((".send_request_headers.complete",
+                             ".send_request_headers.failed")):
+            HEADERS_FENCE.set(None)
     return trace
 
 

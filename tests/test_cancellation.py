@@ -23,6 +23,7 @@ from durable import RunState
 from durable._attempt import Attempt
 from durable._clock import FakeClock
 from durable._interceptors import Chain
+from durable._pool import WorkerTransport
 from durable._types import JSON, EntryKind, Fence, Renewal
 from durable.store._sqlite import SqliteStore
 
@@ -633,6 +634,75 @@ async def test_a_request_whose_lease_ran_out_after_the_check_is_never_sent(
         attempts.append(Attempt(client.store, run, registry, lease=1.0,
                                 lease_sent_at=anyio.current_time(),
                                 chain=Chain.of([Stall()])))
+        await attempts[0].execute()  # nobody renews: the lease runs out during the stall
+        serving.cancel_scope.cancel()
+    assert seen == ["/first"], seen  # the second request never reached the service
+    assert outcome == {"second": "refused"}
+    assert attempts[0].lost
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_a_request_whose_lease_ran_out_while_it_was_serialized_is_never_sent(
+        tmp_path: Path, registry: durable.Registry, monkeypatch: pytest.MonkeyPatch,
+        host: str) -> None:
+    """The last check is at the socket, right before the headers' bytes are handed to the
+    kernel, not only where httpcore announces the headers: a stall after that announcement
+    (httpcore serializing the request; a SIGSTOP there let ``scripts/torture.py --seed
+    3008`` send a frozen attempt's request 2.4 s after its successor's first) ends with
+    nothing sent. The stall is a synchronous sleep in h11's ``send`` of the request, past
+    the lease's local deadline. Through the worker's own socket (an IP address) and
+    through httpcore's connect (a host name)."""
+    import h11
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    seen: list[str] = []
+    attempts: list[Attempt] = []
+    real_send = h11.Connection.send
+
+    def stalling_send(self: h11.Connection, event: Any) -> Any:
+        if isinstance(event, h11.Request) and event.target == b"/second":
+            time.sleep(attempts[0].lease.deadline - anyio.current_time() + 0.05)
+        return real_send(self, event)
+
+    async def keep_alive(stream: anyio.abc.SocketStream) -> None:  # HTTP/1.1, kept alive
+        buffered = b""
+        async with stream:
+            while True:
+                try:
+                    buffered += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return
+                while b"\r\n\r\n" in buffered:
+                    head, buffered = buffered.split(b"\r\n\r\n", 1)
+                    seen.append(head.split(b" ")[1].decode())
+                    await stream.send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    outcome: dict[str, str] = {}
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    base = f"http://{host}:{listener.extra(anyio.abc.SocketAttribute.local_port)}"
+    async with durable.Client.connect(url, registry=registry) as client, listener, \
+            anyio.create_task_group() as serving:
+        serving.start_soon(listener.serve, keep_alive)
+
+        @durable.activity(registry=registry)
+        async def twice(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{base}/first")  # opens the connection the second one reuses
+            try:
+                await ctx.http.get(f"{base}/second")
+            except durable.LeaseLostError:
+                outcome["second"] = "refused"
+                raise
+
+        @durable.workflow("twice", registry=registry)
+        async def wf(ctx: durable.WorkflowContext) -> None:
+            await twice(ctx)
+
+        await client.start("twice", id="k2")
+        [run] = await client.store.claim("worker-a", 1.0, 1)
+        attempts.append(Attempt(client.store, run, registry, lease=1.0,
+                                lease_sent_at=anyio.current_time(),
+                                transport=WorkerTransport(4)))
+        monkeypatch.setattr(h11.Connection, "send", stalling_send)
         await attempts[0].execute()  # nobody renews: the lease runs out during the stall
         serving.cancel_scope.cancel()
     assert seen == ["/first"], seen  # the second request never reached the service
