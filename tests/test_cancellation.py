@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 import activities.git
@@ -568,8 +569,9 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
     assert git("rev-parse", "main", cwd=tmp_path / "remote" / "slot.git") == before
 
 
+@pytest.mark.parametrize("transport", ["worker", "httpx"])
 async def test_a_request_whose_lease_ran_out_after_the_check_is_never_sent(
-        tmp_path: Path, registry: durable.Registry) -> None:
+        tmp_path: Path, registry: durable.Registry, transport: str) -> None:
     """The lease is checked where the request leaves, not only where ``ctx.http`` is called.
 
     A process that stalls between the two (SIGSTOP, a VM paused, an event loop blocked by
@@ -580,7 +582,9 @@ async def test_a_request_whose_lease_ran_out_after_the_check_is_never_sent(
     successor's first (the service's fence refused it). Here a trace callback that httpcore
     awaits right before it writes the request's headers blocks the event loop past the
     deadline: the stall is the fault under test, made with a synchronous sleep as a
-    blocking call (or SIGSTOP) would make it."""
+    blocking call (or SIGSTOP) would make it. Through the worker's pool (whose sockets check
+    once more), and through a transport given to the worker (``httpx``'s own, whose streams
+    do not: the trace's check is the last)."""
     url = f"sqlite:///{tmp_path / 'k.db'}"
     seen: list[str] = []
 
@@ -631,9 +635,10 @@ async def test_a_request_whose_lease_ran_out_after_the_check_is_never_sent(
 
         await client.start("twice", id="k1")
         [run] = await client.store.claim("worker-a", 1.0, 1)
+        given = httpx.AsyncHTTPTransport() if transport == "httpx" else None
         attempts.append(Attempt(client.store, run, registry, lease=1.0,
                                 lease_sent_at=anyio.current_time(),
-                                chain=Chain.of([Stall()])))
+                                chain=Chain.of([Stall()]), transport=given))
         await attempts[0].execute()  # nobody renews: the lease runs out during the stall
         serving.cancel_scope.cancel()
     assert seen == ["/first"], seen  # the second request never reached the service
