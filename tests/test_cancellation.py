@@ -569,105 +569,15 @@ async def test_a_cancelled_force_push_still_on_its_way_never_lands(
     assert git("rev-parse", "main", cwd=tmp_path / "remote" / "slot.git") == before
 
 
-@pytest.mark.parametrize("transport", ["worker", "httpx"])
-async def test_a_request_whose_lease_ran_out_after_the_check_is_never_sent(
-        tmp_path: Path, registry: durable.Registry, transport: str) -> None:
-    """The lease is checked where the request leaves, not only where ``ctx.http`` is called.
-
-    A process that stalls between the two (SIGSTOP, a VM paused, an event loop blocked by
-    a synchronous call) past its lease's local deadline, once its request is past its last
-    await (a kept-alive connection, locks taken), resumes and writes the request before
-    the event loop gets to the deadline's cancel. ``scripts/torture.py --backend postgres
-    --seed 1031`` saw it: an attempt frozen 4.5 s sent a request 2.8 s after its
-    successor's first (the service's fence refused it). Here a trace callback that httpcore
-    awaits right before it writes the request's headers blocks the event loop past the
-    deadline: the stall is the fault under test, made with a synchronous sleep as a
-    blocking call (or SIGSTOP) would make it. Through the worker's pool (whose sockets check
-    once more), and through a transport given to the worker (``httpx``'s own, whose streams
-    do not: the trace's check is the last)."""
+async def _second_request_after_a_stall(tmp_path: Path, registry: durable.Registry, host: str,
+                                       attempts: list[Attempt], **options: Any
+                                       ) -> tuple[list[str], dict[str, str]]:
+    """One attempt (``options``: its chain, its transport) under a 1 s lease nobody renews
+    sends two GETs over one kept-alive HTTP/1.1 connection to a loopback server reached as
+    ``host``; the fault under test stalls the second. What the server saw, and what became
+    of the second request."""
     url = f"sqlite:///{tmp_path / 'k.db'}"
     seen: list[str] = []
-
-    async def keep_alive(stream: anyio.abc.SocketStream) -> None:  # HTTP/1.1, kept alive
-        buffered = b""
-        async with stream:
-            while True:
-                try:
-                    buffered += await stream.receive()
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    return
-                while b"\r\n\r\n" in buffered:
-                    head, buffered = buffered.split(b"\r\n\r\n", 1)
-                    seen.append(head.split(b" ")[1].decode())
-                    await stream.send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-
-    attempts: list[Attempt] = []
-
-    async def stall(event: str, info: Any) -> None:  # httpcore's trace extension
-        if event == "http11.send_request_headers.started":  # the last await before the write
-            time.sleep(attempts[0].lease.deadline - anyio.current_time() + 0.05)  # noqa: ASYNC251
-
-    class Stall(durable.Interceptor):
-        async def intercept_request(self, info: Any, request: Any, call_next: Any) -> Any:
-            if request.url.path == "/second":
-                request.extensions["trace"] = stall
-            return await call_next(request)
-
-    outcome: dict[str, str] = {}
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    base = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}"
-    async with durable.Client.connect(url, registry=registry) as client, listener, \
-            anyio.create_task_group() as serving:
-        serving.start_soon(listener.serve, keep_alive)
-
-        @durable.activity(registry=registry)
-        async def twice(ctx: durable.ActivityContext) -> None:
-            await ctx.http.get(f"{base}/first")  # opens the connection the second one reuses
-            try:
-                await ctx.http.get(f"{base}/second")
-            except durable.LeaseLostError:
-                outcome["second"] = "refused"
-                raise
-
-        @durable.workflow("twice", registry=registry)
-        async def wf(ctx: durable.WorkflowContext) -> None:
-            await twice(ctx)
-
-        await client.start("twice", id="k1")
-        [run] = await client.store.claim("worker-a", 1.0, 1)
-        given = httpx.AsyncHTTPTransport() if transport == "httpx" else None
-        attempts.append(Attempt(client.store, run, registry, lease=1.0,
-                                lease_sent_at=anyio.current_time(),
-                                chain=Chain.of([Stall()]), transport=given))
-        await attempts[0].execute()  # nobody renews: the lease runs out during the stall
-        serving.cancel_scope.cancel()
-    assert seen == ["/first"], seen  # the second request never reached the service
-    assert outcome == {"second": "refused"}
-    assert attempts[0].lost
-
-
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
-async def test_a_request_whose_lease_ran_out_while_it_was_serialized_is_never_sent(
-        tmp_path: Path, registry: durable.Registry, monkeypatch: pytest.MonkeyPatch,
-        host: str) -> None:
-    """The last check is at the socket, right before the headers' bytes are handed to the
-    kernel, not only where httpcore announces the headers: a stall after that announcement
-    (httpcore serializing the request; a SIGSTOP there let ``scripts/torture.py --seed
-    3008`` send a frozen attempt's request 2.4 s after its successor's first) ends with
-    nothing sent. The stall is a synchronous sleep in h11's ``send`` of the request, past
-    the lease's local deadline. Through the worker's own socket (an IP address) and
-    through httpcore's connect (a host name)."""
-    import h11
-
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    seen: list[str] = []
-    attempts: list[Attempt] = []
-    real_send = h11.Connection.send
-
-    def stalling_send(self: h11.Connection, event: Any) -> Any:
-        if isinstance(event, h11.Request) and event.target == b"/second":
-            time.sleep(attempts[0].lease.deadline - anyio.current_time() + 0.05)
-        return real_send(self, event)
 
     async def keep_alive(stream: anyio.abc.SocketStream) -> None:  # HTTP/1.1, kept alive
         buffered = b""
@@ -702,14 +612,75 @@ async def test_a_request_whose_lease_ran_out_while_it_was_serialized_is_never_se
         async def wf(ctx: durable.WorkflowContext) -> None:
             await twice(ctx)
 
-        await client.start("twice", id="k2")
+        await client.start("twice", id="k1")
         [run] = await client.store.claim("worker-a", 1.0, 1)
         attempts.append(Attempt(client.store, run, registry, lease=1.0,
-                                lease_sent_at=anyio.current_time(),
-                                transport=WorkerTransport(4)))
-        monkeypatch.setattr(h11.Connection, "send", stalling_send)
+                                lease_sent_at=anyio.current_time(), **options))
         await attempts[0].execute()  # nobody renews: the lease runs out during the stall
         serving.cancel_scope.cancel()
+    return seen, outcome
+
+
+@pytest.mark.parametrize("transport", ["worker", "httpx"])
+async def test_a_request_whose_lease_ran_out_after_the_check_is_never_sent(
+        tmp_path: Path, registry: durable.Registry, transport: str) -> None:
+    """The lease is checked where the request leaves, not only where ``ctx.http`` is called.
+
+    A process that stalls between the two (SIGSTOP, a VM paused, an event loop blocked by
+    a synchronous call) past its lease's local deadline, once its request is past its last
+    await (a kept-alive connection, locks taken), resumes and writes the request before
+    the event loop gets to the deadline's cancel. ``scripts/torture.py --backend postgres
+    --seed 1031`` saw it: an attempt frozen 4.5 s sent a request 2.8 s after its
+    successor's first (the service's fence refused it). Here a trace callback that httpcore
+    awaits right before it writes the request's headers blocks the event loop past the
+    deadline: the stall is the fault under test, made with a synchronous sleep as a
+    blocking call (or SIGSTOP) would make it. Through the worker's pool (whose sockets check
+    once more), and through a transport given to the worker (``httpx``'s own, whose streams
+    do not: the trace's check is the last)."""
+    attempts: list[Attempt] = []
+
+    async def stall(event: str, info: Any) -> None:  # httpcore's trace extension
+        if event == "http11.send_request_headers.started":  # the last await before the write
+            time.sleep(attempts[0].lease.deadline - anyio.current_time() + 0.05)  # noqa: ASYNC251
+
+    class Stall(durable.Interceptor):
+        async def intercept_request(self, info: Any, request: Any, call_next: Any) -> Any:
+            if request.url.path == "/second":
+                request.extensions["trace"] = stall
+            return await call_next(request)
+
+    given = httpx.AsyncHTTPTransport() if transport == "httpx" else None
+    seen, outcome = await _second_request_after_a_stall(
+        tmp_path, registry, "127.0.0.1", attempts, chain=Chain.of([Stall()]), transport=given)
+    assert seen == ["/first"], seen  # the second request never reached the service
+    assert outcome == {"second": "refused"}
+    assert attempts[0].lost
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_a_request_whose_lease_ran_out_while_it_was_serialized_is_never_sent(
+        tmp_path: Path, registry: durable.Registry, monkeypatch: pytest.MonkeyPatch,
+        host: str) -> None:
+    """The last check is at the socket, right before the headers' bytes are handed to the
+    kernel, not only where httpcore announces the headers: a stall after that announcement
+    (httpcore serializing the request; a SIGSTOP there let ``scripts/torture.py --seed
+    3008`` send a frozen attempt's request 2.4 s after its successor's first) ends with
+    nothing sent. The stall is a synchronous sleep in h11's ``send`` of the request, past
+    the lease's local deadline (patched in: a SIGSTOP cannot be aimed at that point). Through
+    the worker's own socket (an IP address) and through httpcore's connect (a host name)."""
+    import h11
+
+    attempts: list[Attempt] = []
+    real_send = h11.Connection.send
+
+    def stalling_send(self: h11.Connection, event: Any) -> Any:
+        if isinstance(event, h11.Request) and event.target == b"/second":
+            time.sleep(attempts[0].lease.deadline - anyio.current_time() + 0.05)
+        return real_send(self, event)
+
+    monkeypatch.setattr(h11.Connection, "send", stalling_send)
+    seen, outcome = await _second_request_after_a_stall(
+        tmp_path, registry, host, attempts, transport=WorkerTransport(4))
     assert seen == ["/first"], seen  # the second request never reached the service
     assert outcome == {"second": "refused"}
     assert attempts[0].lost
