@@ -176,7 +176,7 @@ async def _cmd_start(args: argparse.Namespace) -> int:
         run = await client.start(args.workflow, *values, id=args.id, key=args.key,
                                  delay=args.delay, timeout=args.timeout,
                                  start_within=args.start_within)
-        pause = next((p for p in await client.paused() if p.workflow == run.workflow), None)
+        pause = await client.pause_of(run.workflow)
     if pause is not None and run.state is RunState.QUEUED:
         print(f"durable: note: {run.workflow} is {paused_phrase(pause)}: the run waits until "
               f"durable resume {run.workflow}", file=sys.stderr)
@@ -226,8 +226,7 @@ async def _cmd_show(args: argparse.Namespace) -> int:
         run = await client.get(args.id)
         entries = await client.store.journal(args.id)
         signals = await client.store.list_signals(args.id)
-        paused = (None if run.state.finished else
-                  next((p for p in await client.paused() if p.workflow == run.workflow), None))
+        paused = None if run.state.finished else await client.pause_of(run.workflow)
     if args.step is not None:
         check_step(run.id, entries, args.step, "--step")
     if args.json:

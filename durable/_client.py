@@ -583,7 +583,7 @@ class Client:
                 if written is not None:
                     self.log.info("workflow_paused", workflow=name)
                     return written
-                found = await self._pause_of(name)
+                found = await self.pause_of(name)
                 if found is not None:
                     return found
             raise StoreError(f"workflow {name!r} kept being paused and resumed meanwhile; "
@@ -609,7 +609,9 @@ class Client:
         """Every paused workflow, by name."""
         return await self.store.paused_workflows()
 
-    async def _pause_of(self, name: str) -> PausedWorkflow | None:
+    async def pause_of(self, workflow: Workflow[..., Any] | str) -> PausedWorkflow | None:
+        """The pause of ``workflow`` in force, or None if it is not paused."""
+        name = _workflow_name(workflow)
         return next((p for p in await self.store.paused_workflows() if p.workflow == name),
                     None)
 

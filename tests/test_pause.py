@@ -157,8 +157,10 @@ async def test_pausing_twice_keeps_the_first_pause_and_resuming_twice_ends_it_on
     assert again == first
     await client.pause("other")
     assert [p.workflow for p in await operator.paused()] == ["other", "teardown"]
+    assert await client.pause_of("teardown") == first
     assert await operator.resume("teardown") == first
     assert await client.resume("teardown") is None
+    assert await client.pause_of("teardown") is None
     assert [p.workflow for p in await client.paused()] == ["other"]
 
 

@@ -106,9 +106,7 @@ class Console:
                     written[(ns, key)] = e.epoch
         records = [(ns, key, await store.get_record(ns, key), epoch)
                    for (ns, key), epoch in written.items()]
-        pause = (None if run.state.finished else
-                 next((p for p in await self.client.paused() if p.workflow == run.workflow),
-                      None))
+        pause = None if run.state.finished else await self.client.pause_of(run.workflow)
         return render.RunDetail(run, entries,
                                 RecoveryReport.build(run, entries, self.console_url),
                                 progress(run, entries), records, await store.now(),
