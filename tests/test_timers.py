@@ -72,6 +72,15 @@ def declare(registry: durable.Registry, log: Path) -> dict[str, Any]:
     return calls
 
 
+async def asleep(client: durable.Client, run_id: str) -> None:
+    """Until the run's sleep has journaled its wake time: the step before it has returned
+    (its line in the log is written before that) and the wake time was read from the clock,
+    so a clock moved from now on moves toward it."""
+    async def journaled() -> bool:
+        return "timer_started" in kinds(await client.store.journal(run_id))
+    await poll(journaled)
+
+
 async def released(client: durable.Client, run_id: str, attempt: int = 1) -> durable.Run:
     """The run once its attempt ``attempt`` ended and released it to wait."""
     async def check() -> durable.Run | None:
@@ -132,7 +141,7 @@ async def test_a_short_sleep_stays_in_the_attempt_on_the_store_clock(
     # fake clock moving can end it
     async with running_worker(client, registry, durable_wait_threshold=100.0, lease=600):
         run = await client.start("t.nap", 30.0, id="short")
-        await poll(lambda: lines(log) == ["before"])
+        await asleep(client, "short")
         held = await client.store.get_run("short")
         assert held is not None and held.state is RunState.RUNNING and held.worker is not None
         clock.advance(30.0)
@@ -148,7 +157,7 @@ async def test_a_sleep_resumed_by_another_attempt_keeps_its_wake_time(
     declare(registry, log)
     async with running_worker(client, registry, durable_wait_threshold=100.0, lease=600):
         await client.start("t.nap", 60.0, id="kept")
-        await poll(lambda: lines(log) == ["before"])
+        await asleep(client, "kept")  # not the log's line: the wake time is read after it
         clock.advance(40)
     # the worker shut down mid-sleep (grace 0): interrupted and released
     interrupted = await client.store.get_run("kept")
