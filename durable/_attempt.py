@@ -163,7 +163,7 @@ class Attempt:
         counts from the first attempt's claim (:attr:`History.started_at`), so a later
         attempt (after a crash, a release, a durable wait) gets what is left of it."""
         self._deadline_at: float | None = None  # the same moment on anyio's clock
-        self._no_code_ran = False  # failed before any workflow code: earlier steps in doubt
+        self._doubt_earlier = False  # a failure journals earlier attempts' open steps in doubt
         self.claim: PendingClaim | None = None
         """Set while the run is only read, not claimed yet (durable/_claims.py): the first
         journal write commits the claim with it."""
@@ -572,16 +572,45 @@ class Attempt:
                 since = (f" (counted from its first attempt, claimed at "
                          f"{_utc(started)})")
                 if left <= 0:  # its time ran out while it waited, or before this claim
-                    self._no_code_ran = True
-                    return ("failed", TimeoutError(
-                        f"workflow timed out after {timeout:g} s{since}, before attempt "
-                        f"{self.run.attempt} began"))
+                    return await self._replay_overdue(wf.fn, f"{timeout:g} s{since}")
             self._deadline_at = anyio.current_time() + left
             with anyio.CancelScope(deadline=self._deadline_at) as wf_scope:
                 result = await wf.fn(WorkflowContext(self), *self.run.args)
             if wf_scope.cancelled_caught:
                 return ("failed", TimeoutError(f"workflow timed out after {timeout:g} s{since}"))
         if steps.doom is not None:
+            return ("failed", steps.doom)
+        refuse_unknown(result)
+        check_journalable(result, "the workflow's result")
+        return ("completed", result)
+
+    async def _replay_overdue(self, fn: Callable[..., Awaitable[Any]],
+                              timed: str) -> tuple[str, Any]:
+        """A later attempt whose workflow's time ran out before it (while the run waited,
+        or before this claim): its code replays what the journal holds and does nothing
+        new. At the first step, wait or value the journal does not hold as done, it stops
+        and the run fails as timed out (steps an earlier attempt left started are
+        journaled in doubt); a run whose earlier attempts did all of its work (its end
+        went unrecorded: a crash right after its last step) completes with its result,
+        not failed for a time it did not need."""
+        steps = self.steps
+        attempt = self.run.attempt
+
+        def overdue(where: str) -> TimeoutError:
+            return TimeoutError(
+                f"workflow timed out after {timed}, before attempt {attempt} began; it "
+                f"did nothing new: its replay of the journal stopped at {where}, which the "
+                "journal does not hold as done")
+
+        self._doubt_earlier = True
+        steps.overdue = overdue
+        self.log.info("attempt_overdue", timeout=timed)
+        try:
+            with anyio.CancelScope() as steps.overdue_scope:  # cancelled where it stops
+                result = await fn(WorkflowContext(self), *self.run.args)
+        finally:
+            steps.overdue = steps.overdue_scope = None  # the conclusion writes as usual
+        if steps.doom is not None:  # it stopped (and its code may have caught the error)
             return ("failed", steps.doom)
         refuse_unknown(result)
         check_journalable(result, "the workflow's result")
@@ -664,7 +693,7 @@ class Attempt:
                 said = lambda: log.warning("run_failed", error=message)  # noqa: E731
                 entries = self._take_deferred(
                     [*steps.doubt_entries("the run failed while it was in flight",
-                                          earlier=self._no_code_ran),
+                                          earlier=self._doubt_earlier),
                      JournalWrite(final, data=data)])
                 ok = await self._finish(Finish(self.fence, RunState.FAILED, error=message,
                                                entries=tuple(entries)))

@@ -202,6 +202,12 @@ class Steps:
         self._used_keys: set[str] = set()
         self._open_unkeyed: str | None = None
         self._rng = _RNG  # retry jitter: one generator per process, not one seeded per run
+        self.overdue: Callable[[str], TimeoutError] | None = None
+        """Set when the workflow's time ran out before this attempt (a later one): its code
+        replays what the journal holds and nothing new runs. Given what was reached (a
+        step not journaled as done, a wait, a value), it makes the error that fails the
+        run (:meth:`nothing_new`)."""
+        self.overdue_scope: anyio.CancelScope | None = None
 
     @property
     def run_id(self) -> str:
@@ -210,6 +216,19 @@ class Steps:
     @property
     def epoch(self) -> int:
         return self.attempt.fence.epoch
+
+    def nothing_new(self, view: StepView, what: str) -> None:
+        """Where workflow code is about to do something its journal does not hold (run or
+        look up a step, start or go on waiting, journal a value): an attempt whose
+        workflow's time ran out stops there, and the run fails, whatever the code catches
+        (the error is the attempt's doom, its scope is cancelled)."""
+        if self.overdue is None:
+            return
+        err = self.overdue(f"step {view.number} ({what})")
+        self.doom = self.doom or err
+        if self.overdue_scope is not None:
+            self.overdue_scope.cancel()
+        raise err
 
     # -- identity ------------------------------------------------------------------------------
     @contextmanager
@@ -314,6 +333,7 @@ class Steps:
         with self.identified(name, None) as view:
             if view.state is StepState.COMPLETED:
                 return view.result
+            self.nothing_new(view, name)
             result = produce()
             data: dict[str, JSON] = {"result": result}
             if summary is not None:
@@ -328,6 +348,7 @@ class Steps:
         with self.identified("durable.set_records", key) as view:
             if view.state is StepState.COMPLETED:
                 return
+            self.nothing_new(view, "durable.set_records")
             # A record this run read is written only if it still has the version read
             # (compare-and-set; StaleRecordError otherwise): a write is never based on a
             # stale read, e.g. one journaled by an earlier attempt.
@@ -348,6 +369,7 @@ class Steps:
         with self.identified("durable.get_record", None) as view:
             if view.state is StepState.COMPLETED:
                 return view.result
+            self.nothing_new(view, "durable.get_record")
             record = await self.attempt.store.get_record(namespace, key)
             result = None if record is None else record.value
             version = 0 if record is None else record.version
@@ -374,11 +396,13 @@ class Steps:
         and no step in flight (releasing would cut it off)."""
         return not self.in_flight and (left is None or left >= self.attempt.wait_threshold)
 
-    async def _wait_until(self, until: float, reason: str) -> None:
+    async def _wait_until(self, until: float, reason: str, view: StepView) -> None:
         """Wait until the store's clock reads ``until``: release the run if the wait is
         long, else sleep in the attempt (cancellable), looking at the clock every slice."""
         store = self.attempt.store
         left = until - await store.now()
+        if left > 0:
+            self.nothing_new(view, view.name)
         if left > 0 and self._may_release(left):
             raise Suspended(until, reason)
         while left > 0:
@@ -390,6 +414,7 @@ class Steps:
             if view.state is StepState.COMPLETED:
                 return
             if view.wake_at is None:  # first execution: journal the wake time, once
+                self.nothing_new(view, "durable.sleep")
                 now = await self.attempt.store.now()
                 wake = float(until) if until is not None else now + float(seconds or 0.0)
                 await self.attempt.write([JournalWrite(
@@ -397,7 +422,7 @@ class Steps:
                     {"until": wake, "seconds": round(wake - now, 6)})])
                 view.wake_at, view.epoch = wake, self.epoch
             wake = view.wake_at
-            await self._wait_until(wake, "sleep")
+            await self._wait_until(wake, "sleep", view)
             # rides on the next write: a crash before it only finds the wake time passed
             self.attempt.defer(JournalWrite(EntryKind.TIMER_FIRED, view.number, view.key,
                                             "durable.sleep", None, {"until": wake}))
@@ -419,6 +444,7 @@ class Steps:
                 if view.timed_out:
                     raise self._timed_out(view)
                 return view.result
+            self.nothing_new(view, f"durable.wait_for {name!r}")
             if not view.wait_started:  # first execution: journal what it waits for, once
                 until = None if timeout is None else await store.now() + timeout
                 await attempt.write([JournalWrite(
@@ -548,6 +574,7 @@ class Steps:
             self._same_args(act, args, view)  # its journaled outcome is about to be reused
         if view.state is StepState.COMPLETED:
             if view.accepted and not view.result_known:
+                self.nothing_new(view, act.name)  # its lookup is a call to the world
                 return await self._accepted(act, view, args)
             return view.result
         if view.state is StepState.FAILED:
@@ -555,6 +582,7 @@ class Steps:
             # failure again (only a replay runs a failed step again)
             raise self._failure(view, act, view.tries_used, view.error or "",
                                 view.error_type or "Exception")
+        self.nothing_new(view, act.name)
         log = self.attempt.log.bind(step=view.number, step_key=view.key, activity=act.name)
         if view.in_doubt(self.epoch):
             if view.state is StepState.STARTED:
@@ -596,7 +624,7 @@ class Steps:
                 self.doom = err
                 raise err
         if view.retry_at is not None:  # a journaled retry delay: wait out what is left
-            await self._wait_until(view.retry_at, f"retry of step {view.number}")
+            await self._wait_until(view.retry_at, f"retry of step {view.number}", view)
             view.retry_at = None
         if view.tries_used >= act.retry.max_tries:
             await self._poison(act, view)

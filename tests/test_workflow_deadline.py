@@ -102,7 +102,7 @@ async def test_a_durable_wait_longer_than_the_timeout_ends_when_the_timeout_does
         waits: str) -> None:
     """A run with a 60 s timeout sleeps an hour (or waits for a signal with no timeout of
     its own): it is released to be due in 60 s, not in an hour (or never), and then fails
-    at once, running nothing more."""
+    at once: its next attempt replays up to the wait and does nothing more."""
     ran: list[str] = []
 
     @durable.workflow("napping", registry=registry, timeout=60)
@@ -133,7 +133,11 @@ async def test_a_durable_wait_longer_than_the_timeout_ends_when_the_timeout_does
         done = await poll(lambda: finished(client, "nap"), timeout=15)
     assert done.state is RunState.FAILED and done.attempt == 2
     assert done.error is not None and "before attempt 2 began" in done.error
-    assert ran == ["started"]
+    assert ran == ["started", "started"]  # attempt 2 replayed up to the wait, then stopped
+    assert done.error.endswith(
+        f"its replay of the journal stopped at step 1 "
+        f"({'durable.sleep' if waits == 'sleep' else 'durable.wait_for ' + repr('go')}), "
+        "which the journal does not hold as done"), done.error
 
 
 async def test_a_wait_shorter_than_the_timeout_is_not_moved(
@@ -153,6 +157,106 @@ async def test_a_wait_shorter_than_the_timeout_is_not_moved(
             clock.advance(61)
             done = await client.wait("short", timeout=15)
     assert done.state is RunState.COMPLETED and done.result == "woke"
+
+
+def stopping_flows(registry: durable.Registry, server: LoopbackServer,
+                   held: anyio.Event) -> None:
+    """``deleting``: a DELETE (in doubt if cut off: never run twice), then, in its first
+    attempt only, a hold (``held`` is set) that the test ends by stopping the worker: the
+    run's work is done and its end unrecorded, as after a crash right after its last step.
+    ``deleting.more``: the same, then a second call, and a cleanup step if that fails."""
+    async def call(ctx: durable.ActivityContext, path: str) -> str:
+        r = await ctx.http.request("DELETE" if path == "/db" else "POST", server.url + path)
+        return str(r.json())
+
+    @durable.activity("drop", registry=registry)
+    async def drop(ctx: durable.ActivityContext) -> str:
+        return await call(ctx, "/db")
+
+    @durable.activity("notify", registry=registry)
+    async def notify(ctx: durable.ActivityContext) -> str:
+        return await call(ctx, "/notify")
+
+    @durable.activity("cleanup", registry=registry)
+    async def cleanup(ctx: durable.ActivityContext) -> str:
+        return await call(ctx, "/cleanup")
+
+    async def hold(ctx: durable.WorkflowContext) -> None:
+        if ctx.attempt == 1:  # (not deterministic, on purpose: the test's crash point)
+            held.set()
+            await anyio.sleep_forever()
+
+    @durable.workflow("deleting", registry=registry, timeout=60)
+    async def deleting(ctx: durable.WorkflowContext) -> str:
+        dropped = await drop(ctx)
+        await hold(ctx)
+        return f"done: {dropped}"
+
+    @durable.workflow("deleting.more", registry=registry, timeout=60)
+    async def deleting_more(ctx: durable.WorkflowContext) -> str:
+        await drop(ctx)
+        await hold(ctx)
+        try:
+            return await notify(ctx)
+        except Exception:  # what a workflow may well do: the timeout must still hold
+            return await cleanup(ctx)
+
+
+async def interrupted_after_its_steps(client: durable.Client, registry: durable.Registry,
+                                      clock: FakeClock, held: anyio.Event,
+                                      workflow: str, run_id: str) -> None:
+    """Run ``workflow`` until its first attempt holds after its steps, stop its worker (the
+    attempt ends unrecorded: interrupted), and move the clock past the 60 s timeout."""
+    async with running_worker(client, registry):
+        await client.start(workflow, id=run_id)
+        with anyio.fail_after(10):
+            await held.wait()
+    run = await client.store.get_run(run_id)
+    assert run is not None and run.state is RunState.QUEUED
+    clock.advance(61)
+
+
+async def test_a_run_whose_steps_were_all_done_completes_although_its_time_ran_out(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """Its first attempt deleted the database and was stopped before it recorded the run's
+    end; the next attempt is claimed after the timeout ran out. Its replay of the journal
+    needs nothing new: the run completes with its result (it was not failed as timed out
+    for a time it did not need), and the DELETE was sent once."""
+    held = anyio.Event()
+    async with loopback_server() as server:
+        server.on("/db", Rule(body={"deleted": True}))
+        stopping_flows(registry, server, held)
+        await interrupted_after_its_steps(client, registry, clock, held, "deleting", "d1")
+        async with running_worker(client, registry):
+            done = await client.wait("d1", timeout=15)
+        assert len(server.seen("/db")) == 1
+    assert done.state is RunState.COMPLETED, done.error
+    assert done.attempt == 2 and done.result == "done: {'deleted': True}"
+
+
+async def test_a_run_whose_time_ran_out_does_nothing_new_even_if_its_code_catches_it(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """The same, with a step left to do: the replay stops there and the run fails as timed
+    out, naming the step; the workflow catches the error and calls a cleanup step, which
+    does not run either (the error is the attempt's doom, its scope cancelled)."""
+    held = anyio.Event()
+    async with loopback_server() as server:
+        for path in ("/db", "/notify", "/cleanup"):
+            server.on(path, Rule(body={"ok": True}))
+        stopping_flows(registry, server, held)
+        await interrupted_after_its_steps(client, registry, clock, held, "deleting.more",
+                                          "d2")
+        async with running_worker(client, registry):
+            done = await client.wait("d2", timeout=15)
+        assert [len(server.seen(p)) for p in ("/db", "/notify", "/cleanup")] == [1, 0, 0]
+    assert done.state is RunState.FAILED and done.attempt == 2
+    assert done.error is not None and done.error.startswith(
+        "TimeoutError: workflow timed out after 60 s (counted from its first attempt"), done.error
+    assert done.error.endswith(
+        "before attempt 2 began; it did nothing new: its replay of the journal stopped at "
+        "step 2 (notify), which the journal does not hold as done"), done.error
+    journal = await client.store.journal("d2")
+    assert [e.step for e in journal if e.kind is EntryKind.STEP_STARTED] == [1]
 
 
 class ClockFailsAtRelease(SqliteStore):
