@@ -572,7 +572,7 @@ class Attempt:
                 since = (f" (counted from its first attempt, claimed at "
                          f"{_utc(started)})")
                 if left <= 0:  # its time ran out while it waited, or before this claim
-                    return await self._replay_overdue(wf.fn, f"{timeout:g} s{since}")
+                    return await self._replay_overdue(wf.fn, timeout, started, since)
             self._deadline_at = anyio.current_time() + left
             with anyio.CancelScope(deadline=self._deadline_at) as wf_scope:
                 result = await wf.fn(WorkflowContext(self), *self.run.args)
@@ -584,8 +584,8 @@ class Attempt:
         check_journalable(result, "the workflow's result")
         return ("completed", result)
 
-    async def _replay_overdue(self, fn: Callable[..., Awaitable[Any]],
-                              timed: str) -> tuple[str, Any]:
+    async def _replay_overdue(self, fn: Callable[..., Awaitable[Any]], timeout: float,
+                              started: float, since: str) -> tuple[str, Any]:
         """A later attempt whose workflow's time ran out before it (while the run waited,
         or before this claim): its code replays what the journal holds and does nothing
         new. At the first step, wait or value the journal does not hold as done, it stops
@@ -598,13 +598,13 @@ class Attempt:
 
         def overdue(where: str) -> TimeoutError:
             return TimeoutError(
-                f"workflow timed out after {timed}, before attempt {attempt} began; it "
-                f"did nothing new: its replay of the journal stopped at {where}, which the "
-                "journal does not hold as done")
+                f"workflow timed out after {timeout:g} s{since}, before attempt {attempt} "
+                f"began; it did nothing new: its replay of the journal stopped at {where}, "
+                "which the journal does not hold as done")
 
         self._doubt_earlier = True
         steps.overdue = overdue
-        self.log.info("attempt_overdue", timeout=timed)
+        self.log.info("attempt_overdue", timeout=timeout, started_at=started)
         try:
             with anyio.CancelScope() as steps.overdue_scope:  # cancelled where it stops
                 result = await fn(WorkflowContext(self), *self.run.args)
