@@ -332,9 +332,12 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
         await store.aclose()
 
     counts = {name: after[name] - before[name] for name in Counter.FIELDS}
-    if postgres:  # the server's count: transactions that wrote (its worker start-up too)
-        counts["commits"] = xids
     completed, journaled = verify(url, prefix)
+    server_xids = None
+    if postgres:  # the server's count: the transactions that journaled the workload's
+        # entries (their rows' xmin), and its XID counter's growth (every write
+        # transaction on the server, the worker's start-up and other clients' too)
+        counts["commits"], server_xids = pg_journal_transactions(url, prefix), xids
     if completed != runs or journaled != runs * STEPS:
         raise SystemExit(f"{label}: expected {runs} completed runs and {runs * STEPS} "
                          f"journaled steps, found {completed} and {journaled}")
@@ -354,6 +357,7 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
         "db_jobs_per_step": counts["jobs"] / steps,
         "inline_jobs_per_step": None if postgres else counts["inline_jobs"] / steps,
         "commits_per_step": counts["commits"] / steps,
+        "server_xids_per_step": None if server_xids is None else server_xids / steps,
         "write_jobs_per_commit": (None if postgres else
                                   counts["write_jobs"] / counts["commits"]
                                   if counts["commits"] else 0.0),
@@ -364,6 +368,21 @@ async def run_engine(url: str, runs: int, *, concurrency: int, start_at_once: bo
 COUNT_COMPLETED = "SELECT count(*) FROM durable_runs WHERE id LIKE {} AND state = 'completed'"
 COUNT_JOURNALED = ("SELECT count(*) FROM durable_journal WHERE run_id LIKE {} "
                    "AND kind = 'step_completed'")
+# PostgreSQL: the write transactions that journaled a workload's entries, but for its
+# starts (before the worker: not counted). Every write of the worker's path journals (a
+# claim its run_claimed, a step its entries, a finish its end), and an entry is never
+# updated, so its xmin is the transaction that committed it.
+COUNT_JOURNAL_XACTS = ("SELECT count(DISTINCT xmin::text) FROM durable_journal "
+                       "WHERE run_id LIKE %s AND kind <> 'run_created'")
+
+
+def pg_journal_transactions(url: str, prefix: str) -> int:
+    base, _, schema = url.rpartition("schema=")
+    import psycopg
+
+    with psycopg.connect(PgServer.dsn_for(base.rstrip("?&"), schema)) as pg:
+        row = pg.execute(COUNT_JOURNAL_XACTS, (prefix + "%",)).fetchone()
+    return int(row[0] if row else 0)
 
 
 async def on_asyncio(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -379,7 +398,8 @@ async def pg_next_xid(url: str) -> int:
     """The transaction id PostgreSQL gives next (read on a connection of its own, without
     taking one): its growth counts the server's write transactions, each of them a commit
     (a read-only statement gets no id). Every write transaction on the server counts,
-    whoever sends it: nothing else writes while a workload drains."""
+    whoever sends it: on a shared server, other clients' too (an upper bound; the
+    commits per step are counted from the journal, :func:`pg_journal_transactions`)."""
     return await on_asyncio(partial(_pg_next_xid, url))
 
 

@@ -125,9 +125,13 @@ def test_postgres_column_beside_sqlite_in_the_same_run(tmp_path: Path,
     for loop, result in pg["columns"].items():
         assert result["store"] == "postgres" and result["loop"] == loop
         check_engine_figures(result, report["config"])
-        # counted by the server (its write transactions): one a step, the claim and the
-        # finish riding on the steps' writes, and the last run's finish (20 x 5 steps: 101)
-        assert 1.0 <= result["sequential"]["commits_per_step"] <= 1.05
+        # counted by the server (the transactions that journaled the workload's entries):
+        # one a step, the claim and the finish riding on the steps' writes, and the last
+        # run's finish (20 x 5 steps: 101); its XID counter counted those and whatever else
+        # wrote on the server meanwhile (a shared server: not bounded above here)
+        seq = result["sequential"]
+        assert 1.0 <= seq["commits_per_step"] <= 1.05
+        assert seq["server_xids_per_step"] >= seq["commits_per_step"]
         assert positive(result["baselines"]["psycopg_commits_per_s"])
         assert "sqlite3_commits_per_s" not in result["baselines"]
         assert result["sequential"]["sqlite_ms_per_step"] is None  # nothing to time there
