@@ -142,6 +142,14 @@ slot or audio run in the plan, at least two."""
 POKE_SHARE = 0.7
 """Share of the nap runs' waits that a signal is sent to, near the wait's deadline (from
 0.4 s before it to 0.1 s after it): the race between a signal and the timeout."""
+TIMED_SHARE = 0.5
+"""Share of the nap runs started with a workflow ``timeout`` (drawn from 3-9 s: shorter than
+the run's sleep, wait and the chaos's hold-ups often enough that some run out; it counts
+from the first claim across attempts, docs/design.md)."""
+TIMEOUT_SLACK = 1.0
+"""Seconds past a run's timeout (from its first claim's stamp) that a step's start or a
+request may still show: the first attempt sets its deadline on its own clock once the claim
+has returned (a busy machine's latency), and a request's arrival is stamped by the service."""
 CLOCK_SLACK = 0.05
 """Seconds by which two processes' readings of the machine's one wall clock may disagree
 (each reads it at its own moment around an event)."""
@@ -226,6 +234,8 @@ class Torture:
     phase (no faults, every worker alive): a lost wake-up."""
     pauses: list[Pause] = field(default_factory=list)
     """The operator's pauses of a workflow, one at a time (the last may still hold)."""
+    timeouts: dict[str, float] = field(default_factory=dict)
+    """Nap run -> the workflow timeout it is started with (``start(timeout=)``)."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -343,10 +353,17 @@ class Torture:
             self.plan.insert(self.wait_rng.randrange(len(self.plan) + 1), (
                 "torture.nap", [f"nap{i}", VOICE, seconds, timeout], None, run_id))
             self.naps.append(run_id)
+        # workflow timeouts on some of them, from a generator of their own again (each
+        # earlier seed's plan and schedule of actions stay as they were)
+        timed = random.Random(f"{self.seed}:timeouts")
+        for run_id in self.naps:
+            if timed.random() < TIMED_SHARE:
+                self.timeouts[run_id] = round(timed.uniform(3.0, 9.0), 3)
 
     async def start_next(self, client: durable.Client) -> None:
         workflow, args, key, run_id = self.plan[len(self.started)]
-        await client.start(workflow, *args, id=run_id, key=key)
+        await client.start(workflow, *args, id=run_id, key=key,
+                           timeout=self.timeouts.get(run_id))
         self.started.append(run_id)
 
     # -- chaos -------------------------------------------------------------------------------
@@ -788,6 +805,7 @@ class Torture:
             check_waits(journals, ledger, self.naps, self.poked, self.late_wakes),
             check_retries(journals),
             check_pauses(journals, runs, self.pauses),
+            check_timeouts(journals, ledger, runs),
         ]
         if self.backend == "sqlite":
             checks.append(("no write of this script locked out (30 s)", not self.lockouts,
@@ -1123,6 +1141,52 @@ def check_pauses(journals: dict[str, list[Any]], runs: dict[str, Any],
     return ("no attempt of a paused workflow began while it was paused", not bad,
             "; ".join(bad[:5]) or f"{len(pauses)} pauses, {judged} judged, {claims} claims "
             "of their workflows")
+
+
+def check_timeouts(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
+                   runs: dict[str, Any]) -> Check:
+    """A run's workflow timeout held across its attempts: between two replays (a replay
+    counts it anew), no step started and no request of the run arrived later than the
+    timeout after the segment's first claim (:data:`TIMEOUT_SLACK` past it), whatever
+    attempt, recovery or release came between. Counts the runs that timed out, those
+    failed by an attempt claimed after their time ran out, and those such an attempt
+    completed (their work was done, their end unrecorded)."""
+    kinds = durable.EntryKind
+    bad: list[str] = []
+    timed = ran_out = overdue = finished_late = 0
+    for run_id, run in sorted(runs.items()):
+        timeout = getattr(run, "timeout", None)
+        if timeout is None:
+            continue
+        timed += 1
+        parts = _segments(journals.get(run_id, []))
+        requests = [x for x in ledger if _run_of(x["idempotency_key"]) == run_id]
+        for i, part in enumerate(parts):
+            claims = [e for e in part if e.kind is kinds.RUN_CLAIMED]
+            if not claims:
+                continue
+            deadline = claims[0].at + float(timeout)
+            ends = parts[i + 1][0].at if i + 1 < len(parts) else math.inf
+            late = [f"step {e.step} started" for e in part if e.kind is kinds.STEP_STARTED
+                    and e.at > deadline + TIMEOUT_SLACK]
+            late += [f"{x['method']} {x['path']} arrived" for x in requests
+                     if deadline + TIMEOUT_SLACK < x["arrived_at"] < ends]
+            if late:
+                bad.append(f"{run_id}: {late[0]} after its {timeout:g} s timeout ran out "
+                           f"({iso(deadline)})")
+            for e in part:
+                error = str(e.data.get("error", "")) if e.kind is kinds.RUN_FAILED else ""
+                if "workflow timed out" in error:
+                    ran_out += 1
+                    overdue += "did nothing new" in error
+                if (e.kind is kinds.RUN_COMPLETED and claims[-1].at > deadline
+                        and not any(s.kind is kinds.STEP_STARTED and s.at > claims[-1].at
+                                    for s in part)):
+                    finished_late += 1
+    return ("every workflow timeout held across attempts", not bad,
+            "; ".join(bad[:5]) or f"{timed} timed runs: {ran_out} timed out ({overdue} when "
+            f"an attempt was claimed after the time ran out), {finished_late} completed by "
+            "such an attempt")
 
 
 def check_retries(journals: dict[str, list[Any]]) -> Check:

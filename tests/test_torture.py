@@ -412,6 +412,38 @@ def test_the_retry_check_fails_on_a_try_before_its_released_delay_ran_out() -> N
     assert t.check_retries({"n": _nap(*replayed)})[1]  # a replay starts the delay afresh
 
 
+def test_the_timeout_check_fails_on_a_step_or_request_after_the_time_ran_out() -> None:
+    """Timeout 5 s from the first claim (at 1.0): a step started by a later attempt at 5.9,
+    within the slack, passes; one at 7.5 fails, and so does a request of the run arriving
+    then; after a replay the count starts anew. The counts say what ended how."""
+    t = _checks()
+    runs = {"n": type("R", (), {"timeout": 5.0})(), "u": type("R", (), {"timeout": None})()}
+    first = [("run_claimed", 1, 1.0, None, {}), ("step_started", 1, 1.1, 1, {}),
+             ("step_completed", 1, 1.2, 1, {})]
+    fine = [*first, ("run_claimed", 2, 5.5, None, {}), ("step_started", 2, 5.9, 2, {}),
+            ("run_failed", 2, 6.0, None, {"error": "TimeoutError: workflow timed out ..."})]
+    ok, detail = t.check_timeouts({"n": _nap(*fine), "u": []}, [], runs)[1:]
+    assert ok and detail == ("1 timed runs: 1 timed out (0 when an attempt was claimed after "
+                             "the time ran out), 0 completed by such an attempt")
+    late = [*first, ("run_claimed", 2, 7.0, None, {}), ("step_started", 2, 7.5, 2, {})]
+    ok, detail = t.check_timeouts({"n": _nap(*late)}, [], runs)[1:]
+    assert not ok and detail.startswith("n: step 2 started after its 5 s timeout ran out")
+    sent = _request("n", "2", 2, 7.2)
+    ok, detail = t.check_timeouts({"n": _nap(*first)}, [sent], runs)[1:]
+    assert not ok and "n: DELETE /api/v1/databases/db-s1 arrived after" in detail
+    replayed = [*first, ("run_failed", 1, 6.0, None, {"error": "workflow timed out after 5 s"
+                                                     " ..., before attempt 2 began; it did "
+                                                     "nothing new: ..."}),
+                ("run_replayed", 1, 20.0, None, {}), ("run_claimed", 3, 20.1, None, {}),
+                ("step_started", 3, 21.0, 2, {}), ("run_completed", 3, 21.5, None, {})]
+    ok, detail = t.check_timeouts({"n": _nap(*replayed)}, [_request("n", "2", 3, 21.0)],
+                                  runs)[1:]
+    assert ok and "1 timed out (1 when an attempt" in detail
+    done_late = [*first, ("run_claimed", 2, 9.0, None, {}), ("run_completed", 2, 9.1, None, {})]
+    assert t.check_timeouts({"n": _nap(*done_late)}, [], runs)[2].endswith(
+        "1 completed by such an attempt")
+
+
 def test_the_pause_check_fails_on_a_claim_while_the_workflow_was_paused() -> None:
     """A run of the paused workflow claimed inside the window fails the check; one claimed
     before the pause committed or after the resume was sent does not, nor a run of another
