@@ -1154,6 +1154,7 @@ def check_timeouts(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
     kinds = durable.EntryKind
     bad: list[str] = []
     timed = ran_out = overdue = finished_late = 0
+    closest = -math.inf  # the latest step start or request, from its deadline
     for run_id, run in sorted(runs.items()):
         timeout = getattr(run, "timeout", None)
         if timeout is None:
@@ -1167,10 +1168,14 @@ def check_timeouts(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
                 continue
             deadline = claims[0].at + float(timeout)
             ends = parts[i + 1][0].at if i + 1 < len(parts) else math.inf
-            late = [f"step {e.step} started" for e in part if e.kind is kinds.STEP_STARTED
-                    and e.at > deadline + TIMEOUT_SLACK]
-            late += [f"{x['method']} {x['path']} arrived" for x in requests
-                     if deadline + TIMEOUT_SLACK < x["arrived_at"] < ends]
+            starts = [e for e in part if e.kind is kinds.STEP_STARTED]
+            sent = [x for x in requests if claims[0].at <= x["arrived_at"] < ends]
+            closest = max([closest, *(e.at - deadline for e in starts),
+                           *(x["arrived_at"] - deadline for x in sent)])
+            late = [f"step {e.step} started" for e in starts
+                    if e.at > deadline + TIMEOUT_SLACK]
+            late += [f"{x['method']} {x['path']} arrived" for x in sent
+                     if x["arrived_at"] > deadline + TIMEOUT_SLACK]
             if late:
                 bad.append(f"{run_id}: {late[0]} after its {timeout:g} s timeout ran out "
                            f"({iso(deadline)})")
@@ -1186,7 +1191,9 @@ def check_timeouts(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
     return ("every workflow timeout held across attempts", not bad,
             "; ".join(bad[:5]) or f"{timed} timed runs: {ran_out} timed out ({overdue} when "
             f"an attempt was claimed after the time ran out), {finished_late} completed by "
-            "such an attempt")
+            "such an attempt" + ("" if closest == -math.inf else
+                                 f"; the latest step or request {closest:+.3f}s from its "
+                                 "deadline"))
 
 
 def check_retries(journals: dict[str, list[Any]]) -> Check:
