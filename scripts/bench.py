@@ -376,11 +376,19 @@ COUNT_JOURNAL_XACTS = ("SELECT count(DISTINCT xmin::text) FROM durable_journal "
                        "WHERE run_id LIKE %s AND kind <> 'run_created'")
 
 
+def pg_dsn(url: str) -> str:
+    """Plain psycopg's connection string for a store URL: its schema as ``search_path``,
+    without the store's own option (``group_commit``, which libpq would refuse)."""
+    from durable.store._postgres import _group_commit_option
+
+    base, _, schema = _group_commit_option(url)[0].rpartition("schema=")
+    return PgServer.dsn_for(base.rstrip("?&"), schema)
+
+
 def pg_journal_transactions(url: str, prefix: str) -> int:
-    base, _, schema = url.rpartition("schema=")
     import psycopg
 
-    with psycopg.connect(PgServer.dsn_for(base.rstrip("?&"), schema)) as pg:
+    with psycopg.connect(pg_dsn(url)) as pg:
         row = pg.execute(COUNT_JOURNAL_XACTS, (prefix + "%",)).fetchone()
     return int(row[0] if row else 0)
 
@@ -422,10 +430,9 @@ def verify(url: str, prefix: str) -> tuple[int, int]:
     """Count the completed runs and journaled steps of one workload, with plain sqlite3 or
     plain (sync) psycopg."""
     if is_postgres(url):
-        base, _, schema = url.rpartition("schema=")
         import psycopg
 
-        with psycopg.connect(PgServer.dsn_for(base.rstrip("?&"), schema)) as pg:
+        with psycopg.connect(pg_dsn(url)) as pg:
             completed = pg.execute(COUNT_COMPLETED.format("%s"), (prefix + "%",)).fetchone()
             journaled = pg.execute(COUNT_JOURNALED.format("%s"), (prefix + "%",)).fetchone()
         return int(completed[0] if completed else 0), int(journaled[0] if journaled else 0)

@@ -368,16 +368,6 @@ def with_option(url: str, option: str) -> str:
     return f"{head}{option}schema={schema}"
 
 
-_verify = bench.verify
-
-
-def _verify_without_option(url: str, prefix: str) -> tuple[int, int]:
-    """bench.verify connects with plain psycopg: not with the store's own option."""
-    return _verify(url.replace("group_commit=0&", ""), prefix)
-
-
-bench.verify = _verify_without_option
-
 
 def median_of(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     rows = sorted(rows, key=lambda r: r[key])
