@@ -164,6 +164,7 @@ class Attempt:
         attempt (after a crash, a release, a durable wait) gets what is left of it."""
         self._deadline_at: float | None = None  # the same moment on anyio's clock
         self._doubt_earlier = False  # a failure journals earlier attempts' open steps in doubt
+        self._overdue: dict[str, JSON] | None = None  # completed after its time ran out
         self.claim: PendingClaim | None = None
         """Set while the run is only read, not claimed yet (durable/_claims.py): the first
         journal write commits the claim with it."""
@@ -572,7 +573,8 @@ class Attempt:
                 since = (f" (counted from its first attempt, claimed at "
                          f"{_utc(started)})")
                 if left <= 0:  # its time ran out while it waited, or before this claim
-                    return await self._replay_overdue(wf.fn, timeout, started, since)
+                    return await self._replay_overdue(wf.fn, timeout, started, since,
+                                                      self.deadline)
             self._deadline_at = anyio.current_time() + left
             with anyio.CancelScope(deadline=self._deadline_at) as wf_scope:
                 result = await wf.fn(WorkflowContext(self), *self.run.args)
@@ -585,7 +587,8 @@ class Attempt:
         return ("completed", result)
 
     async def _replay_overdue(self, fn: Callable[..., Awaitable[Any]], timeout: float,
-                              started: float, since: str) -> tuple[str, Any]:
+                              started: float, since: str,
+                              ran_out: float) -> tuple[str, Any]:
         """A later attempt whose workflow's time ran out before it (while the run waited,
         or before this claim): its code replays what the journal holds and does nothing
         new. At the first step, wait or value the journal does not hold as done, it stops
@@ -614,6 +617,8 @@ class Attempt:
             return ("failed", steps.doom)
         refuse_unknown(result)
         check_journalable(result, "the workflow's result")
+        # said by its run_completed entry: why a run completed past its timeout
+        self._overdue = {"overdue": True, "timeout": timeout, "ran_out_at": ran_out}
         return ("completed", result)
 
     async def _started_late(self, default: float | None) -> TimeoutError | None:
@@ -678,7 +683,7 @@ class Attempt:
             if kind == "completed":
                 final = EntryKind.RUN_COMPLETED
                 said = lambda: log.info("run_completed")  # noqa: E731
-                entries = self._take_deferred([JournalWrite(final)])
+                entries = self._take_deferred([JournalWrite(final, data=self._overdue)])
                 ok = await self._finish(Finish(self.fence, RunState.COMPLETED, result=value,
                                                entries=tuple(entries)))
             elif kind == "failed":

@@ -740,6 +740,17 @@ def paused_phrase(pause: PausedWorkflow) -> str:
     return f"paused since {utc(pause.paused_at)} by {origin_text(pause.origin)}"
 
 
+def overdue_phrase(detail: Mapping[str, JSON], ran_out: str) -> str:
+    """Said of a run completed by an attempt claimed after its workflow's timeout ran out
+    (its ``run_completed`` entry's ``overdue``): its replay of the journal needed nothing
+    new, every step had been done (docs/design.md, *A workflow's timeout spans its
+    attempts*)."""
+    timeout = detail.get("timeout")
+    limit = f"{timeout:g} s " if isinstance(timeout, int | float) else ""
+    return (f"completed by an attempt claimed after its {limit}timeout ran out ({ran_out}): "
+            "every step had been done, its replay needed nothing new")
+
+
 CUT_SHORT = " (when the workflow's timeout runs out: the run then fails)"
 """Said of a durable wait whose own end came after the workflow's timeout (``cut_short``
 in its ``run_waiting`` entry): the run is due when the timeout runs out, and fails."""
@@ -775,7 +786,8 @@ def _event_phrase(row: dict[str, JSON]) -> str:
         return (f"attempt {attempt if attempt is not None else '?'} started (epoch "
                 f"{row['epoch']}) by worker {detail.get('worker') or '?'}")
     if kind == "run_completed":
-        return "run completed"
+        return ("run " + overdue_phrase(detail, when("ran_out_at")) if detail.get("overdue")
+                else "run completed")
     if kind == "run_failed":
         step = detail.get("step")
         return f"run failed at step {step}" if step is not None else "run failed (error above)"

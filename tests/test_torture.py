@@ -440,7 +440,8 @@ def test_the_timeout_check_fails_on_a_step_or_request_after_the_time_ran_out() -
     ok, detail = t.check_timeouts({"n": _nap(*replayed)}, [_request("n", "2", 3, 21.0)],
                                   runs)[1:]
     assert ok and "1 timed out (1 when an attempt" in detail
-    done_late = [*first, ("run_claimed", 2, 9.0, None, {}), ("run_completed", 2, 9.1, None, {})]
+    done_late = [*first, ("run_claimed", 2, 9.0, None, {}),
+                 ("run_completed", 2, 9.1, None, {"overdue": True, "timeout": 5.0})]
     assert "1 completed by such an attempt" in t.check_timeouts(
         {"n": _nap(*done_late)}, [], runs)[2]
 

@@ -8,6 +8,7 @@ time is a FakeClock, the attempt's time left is real."""
 
 from __future__ import annotations
 
+import html
 import sys
 from pathlib import Path
 
@@ -17,13 +18,14 @@ import pytest
 import durable
 from durable import RunState
 from durable._clock import FakeClock
-from durable._report import CUT_SHORT, render_timeline, waiting_phrase
+from durable._report import CUT_SHORT, render_timeline, utc, waiting_phrase
 from durable._types import EntryKind
 from durable.store._sqlite import SqliteStore
 
 from .helpers import died_in_step_one, given_away, poll, running_worker
 from .httpserver import LoopbackServer, Rule, loopback_server
 from .pg import pg_url, postgres_server
+from .test_console_http import console
 from .test_guard_history_waits import finished, waiting_in
 from .waiting import client, clock, store_url
 
@@ -232,6 +234,21 @@ async def test_a_run_whose_steps_were_all_done_completes_although_its_time_ran_o
         assert len(server.seen("/db")) == 1
     assert done.state is RunState.COMPLETED, done.error
     assert done.attempt == 2 and done.result == "done: {'deleted': True}"
+    # why it completed past its timeout is journaled, and said where the run is read
+    journal = await client.store.journal("d1")
+    [claim, _] = [e for e in journal if e.kind is EntryKind.RUN_CLAIMED]
+    ended = journal[-1]
+    assert ended.kind is EntryKind.RUN_COMPLETED
+    assert ended.data == {"overdue": True, "timeout": 60.0, "ran_out_at": claim.at + 60}
+    said = ("completed by an attempt claimed after its 60 s timeout ran out ({}): every "
+            "step had been done, its replay needed nothing new")
+    # the timeline gives the clock alone on the run's date
+    clock_only = utc(claim.at + 60).split()[1]
+    assert "run " + said.format(clock_only) in " ".join(
+        render_timeline(done, journal, width=400).split())
+    async with console(client) as http:
+        page = html.unescape((await http.get("/runs/d1")).text)
+        assert said.format(utc(claim.at + 60)) in page
 
 
 async def test_a_run_whose_time_ran_out_does_nothing_new_even_if_its_code_catches_it(

@@ -25,6 +25,7 @@ from .._report import (
     RecoveryReport,
     _current_epoch,
     duration,
+    overdue_phrase,
     paused_phrase,
     utc,
     waiting_phrase,
@@ -506,6 +507,10 @@ def attempts_block(d: RunDetail) -> str:
 
 def _event_text(e: JournalEntry) -> str:
     data = dict(e.data)
+    if e.kind is EntryKind.RUN_COMPLETED and data.get("overdue"):
+        ran_out = data.get("ran_out_at")
+        return text(overdue_phrase(data, utc(ran_out) if isinstance(ran_out, int | float)
+                                   else "?"))
     parts = []
     if e.kind is EntryKind.RUN_CLAIMED:
         parts.append(f"attempt {e.attempt} by worker {text(data.get('worker'))}")
