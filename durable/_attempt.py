@@ -573,8 +573,7 @@ class Attempt:
                 since = (f" (counted from its first attempt, claimed at "
                          f"{_utc(started)})")
                 if left <= 0:  # its time ran out while it waited, or before this claim
-                    return await self._replay_overdue(wf.fn, timeout, started, since,
-                                                      self.deadline)
+                    return await self._replay_overdue(wf.fn, timeout, started, since)
             self._deadline_at = anyio.current_time() + left
             with anyio.CancelScope(deadline=self._deadline_at) as wf_scope:
                 result = await wf.fn(WorkflowContext(self), *self.run.args)
@@ -587,8 +586,7 @@ class Attempt:
         return ("completed", result)
 
     async def _replay_overdue(self, fn: Callable[..., Awaitable[Any]], timeout: float,
-                              started: float, since: str,
-                              ran_out: float) -> tuple[str, Any]:
+                              started: float, since: str) -> tuple[str, Any]:
         """A later attempt whose workflow's time ran out before it (while the run waited,
         or before this claim): its code replays what the journal holds and does nothing
         new. At the first step, wait or value the journal does not hold as done, it stops
@@ -618,7 +616,7 @@ class Attempt:
         refuse_unknown(result)
         check_journalable(result, "the workflow's result")
         # said by its run_completed entry: why a run completed past its timeout
-        self._overdue = {"overdue": True, "timeout": timeout, "ran_out_at": ran_out}
+        self._overdue = {"overdue": True, "timeout": timeout, "ran_out_at": started + timeout}
         return ("completed", result)
 
     async def _started_late(self, default: float | None) -> TimeoutError | None:

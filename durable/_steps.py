@@ -396,13 +396,11 @@ class Steps:
         and no step in flight (releasing would cut it off)."""
         return not self.in_flight and (left is None or left >= self.attempt.wait_threshold)
 
-    async def _wait_until(self, until: float, reason: str, view: StepView) -> None:
+    async def _wait_until(self, until: float, reason: str) -> None:
         """Wait until the store's clock reads ``until``: release the run if the wait is
         long, else sleep in the attempt (cancellable), looking at the clock every slice."""
         store = self.attempt.store
         left = until - await store.now()
-        if left > 0:
-            self.nothing_new(view, view.name)
         if left > 0 and self._may_release(left):
             raise Suspended(until, reason)
         while left > 0:
@@ -422,7 +420,9 @@ class Steps:
                     {"until": wake, "seconds": round(wake - now, 6)})])
                 view.wake_at, view.epoch = wake, self.epoch
             wake = view.wake_at
-            await self._wait_until(wake, "sleep", view)
+            if self.overdue is not None and wake > await self.attempt.store.now():
+                self.nothing_new(view, "durable.sleep")  # a wait still to come is new
+            await self._wait_until(wake, "sleep")
             # rides on the next write: a crash before it only finds the wake time passed
             self.attempt.defer(JournalWrite(EntryKind.TIMER_FIRED, view.number, view.key,
                                             "durable.sleep", None, {"until": wake}))
@@ -624,7 +624,7 @@ class Steps:
                 self.doom = err
                 raise err
         if view.retry_at is not None:  # a journaled retry delay: wait out what is left
-            await self._wait_until(view.retry_at, f"retry of step {view.number}", view)
+            await self._wait_until(view.retry_at, f"retry of step {view.number}")
             view.retry_at = None
         if view.tries_used >= act.retry.max_tries:
             await self._poison(act, view)
