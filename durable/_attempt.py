@@ -140,6 +140,10 @@ class Attempt:
         self.fence = Fence(run.id, run.epoch)
         self.lease = Lease(lease, lease_sent_at, lease_sent_boot)
         self.scope = anyio.CancelScope(deadline=self.lease.deadline)
+        self._claim_sent = lease_sent_at
+        """When the claim was sent (anyio time): a first attempt's workflow ``timeout``
+        counts from it, so the time between the claim and the body (an interceptor, a
+        busy loop) is counted, as a later attempt counts from the claim's stamp."""
         self.stopping: str | None = None
         """Why the attempt was asked to stop (``cancelled``, ``shutdown``); it still holds
         its lease unless :attr:`lease` says it was lost."""
@@ -574,7 +578,10 @@ class Attempt:
                          f"{_utc(started)})")
                 if left <= 0:  # its time ran out while it waited, or before this claim
                     return await self._replay_overdue(wf.fn, timeout, started, since)
-            self._deadline_at = anyio.current_time() + left
+            # a first attempt (or a replay's): from its claim's send, at or before its
+            # stamp, so the time it took to begin is counted, never given twice
+            self._deadline_at = (anyio.current_time() + left if since
+                                 else self._claim_sent + timeout)
             with anyio.CancelScope(deadline=self._deadline_at) as wf_scope:
                 result = await wf.fn(WorkflowContext(self), *self.run.args)
             if wf_scope.cancelled_caught:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -96,6 +97,36 @@ async def test_a_recovered_attempt_gets_only_what_is_left_of_the_timeout(
     assert done.error is not None
     assert "workflow timed out after 40 s (counted from its first attempt" in done.error
     assert "before attempt" not in done.error  # it ran, and was cut off
+
+
+class _SlowToBegin(durable.Interceptor):
+    """Holds each attempt ``delay`` seconds between its claim and its workflow code, as a
+    busy worker's loop (or an interceptor that reads something first) would."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    async def intercept_attempt(self, info: durable.AttemptInfo,
+                                call_next: Callable[[], Awaitable[str]]) -> str:
+        await anyio.sleep(self.delay)  # the time to begin is the subject, not a wait
+        return await call_next()
+
+
+async def test_a_first_attempt_s_timeout_counts_from_its_claim_not_from_its_code(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """Timeout 0.5 s; the first attempt's workflow code begins 0.8 s after its claim: its
+    time ran out before it began, so it sends nothing and the run fails as timed out.
+    (Counted from the code's start, it had its 0.5 s again and deleted.) A later attempt
+    counts from the first claim's stamp; the first counts from when its claim was sent."""
+    async with loopback_server() as server:
+        server.on("/slow", Rule(body={"deleted": True}))
+        flows(registry, server, timeout=0.5)
+        async with running_worker(client, registry, interceptors=[_SlowToBegin(0.8)]):
+            await client.start("bounded", id="late-code")
+            done = await client.wait("late-code", timeout=15)
+        assert server.seen("/slow") == []
+    assert done.state is RunState.FAILED and done.attempt == 1
+    assert done.error == "TimeoutError: workflow timed out after 0.5 s", done.error
 
 
 @pytest.mark.parametrize("waits", ["sleep", "signal"])
