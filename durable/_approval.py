@@ -234,8 +234,32 @@ def approval_view(run: Run, entries: Sequence[JournalEntry],
                         early=decision is before, digest=digest)
 
 
-def replay_keeps_a_closed_plan(run: Run, entries: Sequence[JournalEntry],
-                               from_step: int | None) -> str | None:
+@attrs.frozen
+class ClosedPlan:
+    """Why a replay that keeps a run's latest plan could never act (:func:`closed_plan`):
+    ``reason``, and the step to replay from to plan again and ask anew, which each surface
+    names its own way (the CLI's ``--from-step``, the console's replay form)."""
+
+    run_id: str
+    plan_step: int
+    reason: str
+
+    def __str__(self) -> str:  # as the client and the command line say it
+        return (f"{self.reason}; replay it from the plan step to plan again and ask anew: "
+                f"durable replay {self.run_id} --from-step {self.plan_step}")
+
+
+class PlanClosedError(InvalidStateError):
+    """A replay refused: it would keep a plan that can never be acted on (the
+    :class:`ClosedPlan` it carries says why and from which step to replay)."""
+
+    def __init__(self, closed: ClosedPlan) -> None:
+        super().__init__(str(closed))
+        self.closed = closed
+
+
+def closed_plan(run: Run, entries: Sequence[JournalEntry],
+                from_step: int | None) -> ClosedPlan | None:
     """Why a replay of ``run`` that keeps its latest plan could never act, or None.
 
     A replay reuses what the journal holds, the plan and what became of it included. A plan
@@ -247,6 +271,21 @@ def replay_keeps_a_closed_plan(run: Run, entries: Sequence[JournalEntry],
     gate = approval_view(run, entries)
     if gate is None or (from_step is not None and from_step <= gate.plan_step):
         return None
+    if gate.decision == "rejected":
+        return ClosedPlan(run.id, gate.plan_step, (
+            f"run {run.id}'s plan (step {gate.plan_step}) was rejected by {gate.by}; a "
+            "replay that keeps that plan would wait for an approval that can no longer "
+            "be given"))
+    if gate.decision == "waiting" and run.state is RunState.FAILED:
+        plans = [e.seq for e in entries
+                 if e.step_key == PLAN_KEY and e.kind is EntryKind.STEP_COMPLETED]
+        if any(e.kind is EntryKind.SIGNAL_TIMEOUT and e.data.get("name") == APPROVE
+               and e.seq > plans[-1] for e in entries):
+            return ClosedPlan(run.id, gate.plan_step, (
+                f"run {run.id}'s plan (step {gate.plan_step}) got no decision within its "
+                "timeout, and the journal keeps that timeout: a replay that keeps the "
+                "plan would fail again at once"))
+    return None
     again = (f"replay it from the plan step to plan again and ask anew: durable replay "
              f"{run.id} --from-step {gate.plan_step}")
     if gate.decision == "rejected":

@@ -14,7 +14,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 import anyio
 
 from . import _wake
-from ._approval import replay_keeps_a_closed_plan
+from ._approval import PlanClosedError, closed_plan
 from ._clock import Clock
 from ._errors import (
     ConfigError,
@@ -536,9 +536,9 @@ class Client:
         entries = await self.store.journal(run_id)
         if from_step is not None:  # refused before anything is written
             check_step(run_id, entries, from_step, "from_step")
-        closed = replay_keeps_a_closed_plan(run, entries, from_step)
+        closed = closed_plan(run, entries, from_step)
         if closed is not None:  # it could never act: say how to ask anew
-            raise InvalidStateError(closed)
+            raise PlanClosedError(closed)
         queued = await self._answered(
             lambda: self.store.requeue(run_id, from_step, in_doubt, by=by),
             lambda: self._replay_again(run, from_step, in_doubt, by),

@@ -158,3 +158,58 @@ async def test_two_approve_clicks_at_once_are_one_decision(
     assert arrived == ["gate-4", "gate-4"]
     approvals = [s for s in await store.list_signals("gate-4") if s.name == "approve"]
     assert len(approvals) == 1 and approvals[0].signal_id == "console-approve"
+
+
+async def test_a_rejected_plan_is_replayed_from_the_console_by_planning_again(
+        client: durable.Client, gated_registry: durable.Registry) -> None:
+    """A rejected run can be replayed only from its plan step (a replay that keeps the
+    rejected plan would wait for ever). Its page offers exactly that: a replay form whose
+    steps stop at the plan step, chosen, and which says why; a replay that keeps the plan
+    (the API, or a stale page) is refused in the console's words, not the command line's
+    (before: the form was hidden, and the refusal named `--from-step`). From the plan step
+    the run plans again and waits for a new decision."""
+    await client.start("t.approved", "db-44", id="gate-4")
+    async with running_worker(client, gated_registry), console(client, token=TOKEN) as http:
+        await _waiting(client, "gate-4")
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        rejected = await http.post("/api/runs/gate-4/reject", json={"reason": "wrong db"},
+                                   headers=auth)
+        assert rejected.status_code == 200, rejected.text
+        await client.wait("gate-4", timeout=20)
+        plan_step = [e.step for e in await client.journal("gate-4")
+                     if e.name == "t.plan" and e.kind is durable.EntryKind.STEP_COMPLETED][0]
+        page = (await http.get("/runs/gate-4")).text
+        assert 'action="/runs/gate-4/replay"' in page
+        form = page[page.index('action="/runs/gate-4/replay"'):]
+        form = form[:form.index("</form>")]
+        assert "was rejected by 127.0.0.1 (console); a replay that keeps that plan would " \
+               "wait for an approval that can no longer be given: a replay plans again " \
+               f"from step {plan_step} (or an earlier one) and asks anew." in form
+        assert f'<option value="{plan_step}" selected>' in form
+        assert "the first step without a result" not in form
+        assert [int(v) for v in _options(form)] == list(range(1, plan_step + 1))
+
+        before = await client.journal("gate-4")
+        kept = await http.post("/api/runs/gate-4/replay", json={}, headers=auth)
+        assert kept.status_code == 409
+        said = kept.json()["error"]
+        assert said.endswith(f"replay it from step {plan_step} (its plan step) or an earlier "
+                             "one to plan again and ask anew"), said
+        assert "--from-step" not in said
+        assert await client.journal("gate-4") == before  # nothing written
+
+        replayed = await http.post("/runs/gate-4/replay",
+                                   data={"csrf": _csrf(page), "token": TOKEN,
+                                         "from_step": str(plan_step)})
+        assert replayed.status_code == 303, replayed.text
+        await _waiting(client, "gate-4")
+    plans = [e for e in await client.journal("gate-4")
+             if e.name == "t.plan" and e.kind is durable.EntryKind.STEP_COMPLETED]
+    assert len(plans) == 2  # it planned again, and waits for a decision on the new plan
+
+
+def _options(form: str) -> list[str]:
+    """The values of a form's ``<option>`` elements, in order."""
+    import re
+
+    return re.findall(r'<option value="([^"]*)"', form)

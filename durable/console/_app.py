@@ -36,7 +36,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._approval import APPROVE, approval_view, send_decision
+from .._approval import APPROVE, PlanClosedError, approval_view, send_decision
 from .._client import Client
 from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
 from .._hosts import foreign_name, loopback
@@ -191,8 +191,14 @@ class Console:
             policy = fields.get("in_doubt") or None
             if policy not in (None, "rerun", "accept"):
                 raise BadRequest("in_doubt must be rerun or accept")
-            run = await self.client.replay(run_id, from_step=from_step, in_doubt=policy,  # type: ignore[arg-type]
-                                           origin=origin)
+            try:
+                run = await self.client.replay(run_id, from_step=from_step,
+                                               in_doubt=policy,  # type: ignore[arg-type]
+                                               origin=origin)
+            except PlanClosedError as exc:  # said for this page and its API, not the CLI
+                raise InvalidStateError(
+                    f"{exc.closed.reason}; replay it from step {exc.closed.plan_step} (its "
+                    "plan step) or an earlier one to plan again and ask anew") from None
             message = f"{run_id} queued again (attempt {run.attempt + 1} will resume it)"
         self.log.info("console_action", action=action, workflow_id=run_id,
                       remote=origin.get("remote"))

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 import attrs
 
-from .._approval import ApprovalView, origin_text
+from .._approval import ApprovalView, closed_plan, origin_text
 from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
@@ -589,11 +589,21 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
                      f'action="/runs/{attr(run.id)}/{pausing}">{csrf}{token}'
                      f'<button type="submit">{pausing} workflow {text(run.workflow)}</button>'
                      "</form>")
-    rejected = d.approval is not None and d.approval.decision == "rejected"
-    if run.state in (RunState.FAILED, RunState.CANCELLED) and not rejected:
+    if run.state in (RunState.FAILED, RunState.CANCELLED):
         history = History.fold(d.entries)
-        steps = "".join(f'<option value="{s.number}">step {s.number} {text(s.name)}</option>'
-                        for s in history.ordered())
+        # a plan rejected, or whose decision timed out: only a replay from its step (or an
+        # earlier one) can act, so the form offers only those, the plan step chosen
+        closed = closed_plan(run, d.entries, None)
+        steps = "".join(
+            f'<option value="{s.number}"'
+            f'{" selected" if closed and s.number == closed.plan_step else ""}>'
+            f"step {s.number} {text(s.name)}</option>"
+            for s in history.ordered() if closed is None or s.number <= closed.plan_step)
+        first = ('<option value="">the first step without a result</option>' if closed is None
+                 else "")
+        why = ("" if closed is None else
+               f'<p class="hint">{text(closed.reason)}: a replay plans again from step '
+               f"{closed.plan_step} (or an earlier one) and asks anew.</p>")
         doubt = bool(history.in_doubt(_current_epoch(run)))
         choice = ('<fieldset><legend>steps in doubt</legend>'
                   '<label><input type="radio" name="in_doubt" value="" checked> decide by the '
@@ -602,9 +612,9 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
                   '<label><input type="radio" name="in_doubt" value="accept"> accept them as '
                   "done</label></fieldset>" if doubt else "")
         forms.append(f'<form class="action replay" method="post" '
-                     f'action="/runs/{attr(run.id)}/replay">{csrf}'
-                     '<label>from <select name="from_step"><option value="">the first step '
-                     f"without a result</option>{steps}</select></label>{choice}{token}"
+                     f'action="/runs/{attr(run.id)}/replay">{csrf}{why}'
+                     f'<label>from <select name="from_step">{first}{steps}</select></label>'
+                     f"{choice}{token}"
                      '<button type="submit">replay run</button></form>')
     if not forms:
         return ""
