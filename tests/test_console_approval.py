@@ -176,8 +176,8 @@ async def test_a_rejected_plan_is_replayed_from_the_console_by_planning_again(
                                    headers=auth)
         assert rejected.status_code == 200, rejected.text
         await client.wait("gate-4", timeout=20)
-        plan_step = [e.step for e in await client.journal("gate-4")
-                     if e.name == "t.plan" and e.kind is durable.EntryKind.STEP_COMPLETED][0]
+        [plan_step] = [e.step for e in await client.journal("gate-4")
+                       if e.name == "t.plan" and e.kind is durable.EntryKind.STEP_COMPLETED]
         page = (await http.get("/runs/gate-4")).text
         assert 'action="/runs/gate-4/replay"' in page
         form = page[page.index('action="/runs/gate-4/replay"'):]
