@@ -202,7 +202,7 @@ class Client:
                     f"unexpected keyword arguments {', '.join(sorted(kwargs))}: a workflow "
                     "started by name takes its arguments by position")
         arg_list = list(args)
-        dumps(arg_list, "workflow arguments")
+        dumps(arg_list, "workflow arguments", around=1)
         if id is not None and (not isinstance(id, str) or not id.strip()):
             raise ConfigError("a run id must be a non-empty string")
         check_key(key)

@@ -129,7 +129,7 @@ class ScheduleSpec:
         if not isinstance(self.args, list):
             raise ConfigError("a schedule's args must be a list of JSON values")
         check_key(self.key)
-        dumps(self.args, "schedule arguments")
+        dumps(self.args, "schedule arguments", around=1)
 
     def same_definition(self, other: ScheduleSpec) -> bool:
         return attrs.astuple(self) == attrs.astuple(other)
@@ -239,7 +239,7 @@ class Schedule:
 def schedule_params(spec: ScheduleSpec) -> dict[str, Any]:
     """A definition's columns, as both stores' queries name them."""
     return {"name": spec.name, "workflow": spec.workflow,
-            "args": dumps(spec.args, "schedule arguments"), "cron": spec.cron,
+            "args": dumps(spec.args, "schedule arguments", around=1), "cron": spec.cron,
             "timezone": spec.timezone, "key": spec.key, "catchup": spec.catchup}
 
 

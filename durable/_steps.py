@@ -117,15 +117,23 @@ class UnknownResult:
 
 
 def unknown_in(value: Any) -> UnknownResult | None:
-    """The first :class:`UnknownResult` inside a value about to be journaled, if any."""
+    """The first :class:`UnknownResult` inside a value about to be journaled, if any.
+    Walked without recursion: a value nested deeper than Python's stack is refused by the
+    encoder (:data:`durable._types.MAX_JSON_DEPTH`), not here with a RecursionError."""
     if isinstance(value, UnknownResult):
         return value
-    items = value.values() if isinstance(value, dict) else (
-        value if isinstance(value, list | tuple) else ())
-    for item in items:
-        found = unknown_in(item)
-        if found is not None:
-            return found
+    if not isinstance(value, dict | list | tuple):
+        return None
+    stack: list[Iterator[Any]] = [iter(value.values() if isinstance(value, dict) else value)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, UnknownResult):
+                return item
+            if isinstance(item, dict | list | tuple):
+                stack.append(iter(item.values() if isinstance(item, dict) else item))
+                break
+        else:
+            stack.pop()
     return None
 
 
@@ -140,7 +148,7 @@ def refuse_unknown(value: Any) -> None:
 def _shown(value: Any, limit: int = 200) -> str:
     """``value`` as JSON (its repr if it is not), redacted, cut to about ``limit``."""
     try:
-        text = dumps(value, "a step's arguments")
+        text = dumps(value, "a step's arguments", around=1)
     except NotJsonError:
         text = repr(value)
     text = redact(text)
@@ -170,7 +178,7 @@ def encoded_once(value: Any, data: dict[str, JSON], what: str) -> str | None:
     if type(value) in _SCALARS:
         return None
     try:
-        return dumps(data, what)
+        return dumps(data, what, around=1)
     except NotJsonError:
         dumps(value, what)  # the value's fault: raise naming it
         return None  # another field's: the store refuses it as before
@@ -297,7 +305,7 @@ class Steps:
         if given == view.args:
             return
         try:
-            if loads(dumps(given, "a step's arguments")) == view.args:
+            if loads(dumps(given, "a step's arguments", around=1)) == view.args:
                 return
         except NotJsonError:
             pass  # not JSON: not what was journaled either

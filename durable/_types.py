@@ -128,16 +128,61 @@ def check_key(key: Any) -> str | None:
     return key
 
 
-def dumps(value: JSON, what: str = "value") -> str:
-    """Encode a JSON value, or raise NotJsonError naming what was not JSON."""
+MAX_JSON_DEPTH = 100
+"""How deep a journaled value's arrays and objects may nest. Reading a value back (a
+resumed attempt folding its journal, the console redacting it for a page) recurses once
+per level, on a stack already some hundred frames deep, and Python's limit is a thousand:
+a value nested 500 deep was journaled and then broke every later read of its run (a
+console's run API answered 500 for good), and one nested 2,000 deep escaped the encoder
+as a RecursionError. So no such value is written: :func:`dumps` refuses it."""
+
+_CONTAINERS = (list, tuple, dict)
+
+
+def _too_deep(value: JSON, text: str, limit: int) -> bool:
+    """Whether ``value`` (encoded as ``text``) nests deeper than ``limit``. A text with no
+    more brackets than that cannot (counted at C speed: most values); else the containers
+    are walked a level at a time, stopping at the limit."""
+    if (not isinstance(value, _CONTAINERS)
+            or text.count("[") + text.count("{") <= limit):
+        return False
+    level: list[Any] = [value]
+    for _ in range(limit):
+        inner: list[Any] = []
+        for container in level:
+            inner.extend([item for item in (
+                container.values() if isinstance(container, dict) else container)
+                if isinstance(item, _CONTAINERS)])
+        if not inner:
+            return False
+        level = inner
+    return True
+
+
+def dumps(value: JSON, what: str = "value", *, around: int = 0) -> str:
+    """Encode a JSON value, or raise NotJsonError naming what was not JSON (or nested
+    deeper than :data:`MAX_JSON_DEPTH`). ``around``: the levels that hold such values
+    (``1``: a list of arguments, a step entry's ``{"result": ...}``; ``2``: a journal
+    entry's data, ``{"args": [...]}``), allowed on top."""
     encoders = _ENCODERS
     try:
         if encoders.encode is None or type(value) is str:
-            return _ENCODE(value)
-        return "".join(encoders.encode(value, 0))
+            text = _ENCODE(value)
+        else:
+            text = "".join(encoders.encode(value, 0))
     except (TypeError, ValueError) as exc:
         encoders.markers.clear()  # a failed encoding leaves its containers recorded
         raise NotJsonError(f"{what} must be JSON values: {exc}") from exc
+    except RecursionError:  # deeper than the stack allows: far deeper than the limit
+        encoders.markers.clear()
+        raise _too_deep_error(what) from None
+    if _too_deep(value, text, MAX_JSON_DEPTH + around):
+        raise _too_deep_error(what)
+    return text
+
+
+def _too_deep_error(what: str) -> NotJsonError:
+    return NotJsonError(f"{what} must be JSON values nested at most {MAX_JSON_DEPTH} deep")
 
 
 def loads(text: str | None) -> JSON:
@@ -315,7 +360,7 @@ class JournalWrite:
         data = self.data
         if data is None:
             return None
-        return dumps(data if type(data) is dict else dict(data), "journal data")
+        return dumps(data if type(data) is dict else dict(data), "journal data", around=2)
 
     @property
     def attempt_column(self) -> int | None:

@@ -20,6 +20,7 @@ cross-origin ``Origin`` is refused; every response forbids framing and inline sc
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import secrets
@@ -44,7 +45,7 @@ from .._logging import get_logger, redact, redact_json
 from .._progress import progress
 from .._report import RecoveryReport, parse_time, paused_phrase, utc
 from .._shapes import entry_json, run_json, show_json
-from .._types import JSON, EntryKind, Run, RunState
+from .._types import JSON, MAX_JSON_DEPTH, EntryKind, Run, RunState, dumps
 from . import _render as render
 
 STATIC = Path(__file__).parent / "static"
@@ -237,12 +238,7 @@ def _parse_payload(value: str | None) -> JSON:
     if len(value) > SIGNAL_PAYLOAD_MAX:
         raise BadRequest(f"the payload is longer than {SIGNAL_PAYLOAD_MAX} characters; "
                          "nothing was sent")
-    try:
-        return json.loads(value)
-    except ValueError as exc:
-        where = (f" ({exc.msg} at line {exc.lineno} column {exc.colno})"
-                 if isinstance(exc, json.JSONDecodeError) else "")
-        raise BadRequest(f"the payload is not JSON{where}; nothing was sent") from None
+    return _json(value, "the payload", "nothing was sent")
 
 
 def _signal_body(data: Mapping[str, Any]) -> tuple[str, JSON, str | None]:
@@ -255,7 +251,42 @@ def _signal_body(data: Mapping[str, Any]) -> tuple[str, JSON, str | None]:
     unknown = sorted(set(data) - {"name", "payload", "id"})
     if unknown:
         raise BadRequest(f"unknown field {unknown[0]!r}: a signal is name, payload and id")
-    return name.strip(), data.get("payload"), signal_id
+    payload = data.get("payload")
+    if len(dumps(payload, "a signal's payload")) > SIGNAL_PAYLOAD_MAX:  # as the form's
+        raise BadRequest(f"the payload is longer than {SIGNAL_PAYLOAD_MAX} characters of "
+                         "JSON; nothing was sent")
+    return name.strip(), payload, signal_id
+
+
+ACTION_FIELDS: dict[str, tuple[str, ...]] = {
+    "cancel": (), "pause": (), "resume": (), "replay": ("from_step", "in_doubt"),
+    "approve": ("note",), "reject": ("reason",)}
+"""The fields of each action's JSON body (``signal``'s: :func:`_signal_body`)."""
+
+
+def _action_fields(action: str, data: Mapping[str, Any]) -> dict[str, str]:
+    """An action's JSON body as the form's fields: an unknown field (a typo such as
+    ``from-step``, which would replay from the first step) is refused, and each field must
+    be a string, or a whole number for ``from_step`` (null: not given)."""
+    known = ACTION_FIELDS[action]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        takes = ", ".join(known) if known else "no fields"
+        raise BadRequest(f"unknown field {unknown[0]!r}: {action} takes {takes}; nothing "
+                         "was done")
+    fields: dict[str, str] = {}
+    for name, value in data.items():
+        if value is None:
+            fields[name] = ""
+        elif name == "from_step" and type(value) is int:
+            fields[name] = str(value)
+        elif isinstance(value, str) and name != "from_step":
+            fields[name] = value
+        else:
+            kind = "a step number" if name == "from_step" else "a string"
+            raise BadRequest(f"{name} is {kind}, not {json.dumps(value)[:40]}; nothing was "
+                             "done")
+    return fields
 
 
 def _parse_step(value: str | None) -> int | None:
@@ -321,9 +352,41 @@ def _same_origin(request: Request) -> bool:
     return urlsplit(origin).netloc == request.headers.get("host", "")
 
 
+BODY_MAX = 4 * SIGNAL_PAYLOAD_MAX
+"""An action's request body (a form, the API's JSON): at most this many bytes, read no
+further (a larger one is refused before it is all in memory)."""
+
+
+async def _body(request: Request) -> bytes:
+    """The request body, refused (400, nothing done) once it passes :data:`BODY_MAX`."""
+    chunks: list[bytes] = []
+    size = 0
+    async with contextlib.aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > BODY_MAX:
+                raise BadRequest(f"the request body is larger than {BODY_MAX} bytes; "
+                                 "nothing was done")
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(text: str | bytes, what: str, nothing: str = "nothing was done") -> JSON:
+    """``text`` parsed as JSON, or a one-line :class:`BadRequest` naming ``what``."""
+    try:
+        return json.loads(text)
+    except RecursionError:  # the parser recurses per level: far deeper than journaled
+        raise BadRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels; "
+                         f"{nothing}") from None
+    except ValueError as exc:
+        where = (f" ({exc.msg} at line {exc.lineno} column {exc.colno})"
+                 if isinstance(exc, json.JSONDecodeError) else "")
+        raise BadRequest(f"{what} is not JSON{where}; {nothing}") from None
+
+
 async def _form(request: Request) -> dict[str, str]:
     """An urlencoded form, parsed without python-multipart."""
-    body = (await request.body()).decode("utf-8", "replace")
+    body = (await _body(request)).decode("utf-8", "replace")
     return {k: v[-1] for k, v in parse_qs(body, keep_blank_values=True).items()}
 
 
@@ -368,6 +431,11 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
             except DurableError as exc:
                 console.log.warning("console_error", path=request.url.path, error=str(exc))
                 return problem(request, redact(str(exc)), 503)
+            except Exception as exc:  # the console's own fault: logged, one line for the user
+                console.log.exception("console_failed", path=request.url.path,
+                                      error=f"{type(exc).__name__}: {exc}")
+                return problem(request, "the console failed on this request (logged as "
+                               "console_failed); nothing more was done", 500)
         return endpoint
 
     # -- pages ---------------------------------------------------------------------------------
@@ -483,14 +551,12 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         scheme, _, given = auth.partition(" ")
         console.check_token(given.strip() if scheme.lower() == "bearer" else None)
         data: dict[str, Any] = {}
-        body = await request.body()
+        body = await _body(request)
         if body:
-            try:
-                data = json.loads(body)
-            except ValueError:
-                raise BadRequest("the request body is not JSON") from None
-            if not isinstance(data, dict):
+            parsed = _json(body, "the request body")
+            if not isinstance(parsed, dict):
                 raise BadRequest("the request body must be a JSON object")
+            data = parsed
         run_id = request.path_params["run_id"]
         answer: dict[str, JSON] = {}
         if action == "signal":
@@ -501,8 +567,8 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                              remote=request.client.host if request.client else None)
             answer["recorded"] = recorded
         else:
-            fields = {k: "" if v is None else str(v) for k, v in data.items()}
-            message = await console.act(action, run_id, fields, _origin(request))
+            message = await console.act(action, run_id, _action_fields(action, data),
+                                        _origin(request))
         run = await console.client.get(run_id)
         return JSONResponse(_safe({**answer, "message": message, "run": run_json(run)}))
 

@@ -725,13 +725,13 @@ class PostgresStore(Store):
         params = {
             "id": new.id,
             "workflow": new.workflow,
-            "args": dumps(new.args, "workflow arguments"),
+            "args": dumps(new.args, "workflow arguments", around=1),
             "key": new.key,
             "run_at": run_at,
             "timeout": new.timeout,
             "start_within": new.start_within,
             "now": now,
-            "data": dumps(data, "journal data"),
+            "data": dumps(data, "journal data", around=2),
         }
         self._start_count += 1
         start = self._start_count
@@ -1584,11 +1584,12 @@ class PostgresStore(Store):
             "timeout": None, "start_within": None, "data": None}
         if new is not None:
             params.update(
-                run_id=new.id, workflow=new.workflow, args=dumps(new.args, "workflow arguments"),
+                run_id=new.id, workflow=new.workflow,
+                args=dumps(new.args, "workflow arguments", around=1),
                 key=new.key, run_at=new.run_at, timeout=new.timeout,
                 start_within=new.start_within,
                 data=dumps({"workflow": new.workflow, "args": new.args, "key": new.key,
-                            "run_at": new.run_at}, "journal data"))
+                            "run_at": new.run_at}, "journal data", around=2))
         row = await self._row(Q["fire_schedule"], params)
         return row is not None and int(row["fired"]) == 1
 

@@ -498,7 +498,7 @@ class SqliteStore(Store):
     # -- runs --------------------------------------------------------------------------------
     async def create_run(self, new: NewRun) -> tuple[Run, bool]:
         now = self.clock.now()
-        dumps(new.args, "workflow arguments")  # refused before the transaction
+        dumps(new.args, "workflow arguments", around=1)  # refused before the transaction
         return await self._run(lambda conn: _insert_run(conn, new, now))
 
     async def get_run(self, run_id: str) -> Run | None:
@@ -1060,7 +1060,7 @@ class SqliteStore(Store):
         params = {"name": name, "version": version, "fire_at": fire_at, "now": now,
                   "run_id": None if new is None else new.id}
         if new is not None:
-            dumps(new.args, "workflow arguments")
+            dumps(new.args, "workflow arguments", around=1)
 
         def tx(conn: sqlite3.Connection) -> bool:
             if conn.execute(Q["fire_schedule"], params).rowcount != 1:
@@ -1158,7 +1158,7 @@ def _insert_run(conn: sqlite3.Connection, new: NewRun, now: float) -> tuple[Run,
     schedule's fire."""
     run_at = now if new.run_at is None else new.run_at  # None: due at once
     params = {"id": new.id, "workflow": new.workflow,
-              "args": dumps(new.args, "workflow arguments"), "key": new.key,
+              "args": dumps(new.args, "workflow arguments", around=1), "key": new.key,
               "run_at": run_at, "timeout": new.timeout, "start_within": new.start_within,
               "now": now}
     row = conn.execute(Q["insert_run"], params).fetchone()
