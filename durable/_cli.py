@@ -31,6 +31,7 @@ from ._pool import MIN_HTTP_CONNECTIONS
 from ._registry import default_registry, parameters_text
 from ._report import (
     _isatty,
+    cancel_phrase,
     clip,
     one_line,
     parse_time,
@@ -308,7 +309,8 @@ async def _cmd_cancel(args: argparse.Namespace) -> int:
     if not by_filter and len(args.ids) == 1:
         async with _existing(args) as client:
             run = await client.cancel(args.ids[0], origin=_cli_origin())
-        print(f"{run.id} {_cancel_phrase(run)}")
+            said = await _cancel_phrase(client, run)
+        print(f"{run.id} {said}")
         return 0
     if by_filter and not (args.yes or args.dry_run):
         raise ConfigError("cancelling by filter needs --yes (or --dry-run, to list what it "
@@ -341,14 +343,14 @@ async def _cmd_cancel(args: argparse.Namespace) -> int:
                 missed += not by_filter  # a filter's run that ended meanwhile is no mistake
                 print(f"{run_id} had already ended ({run.state.value}); nothing to cancel")
                 continue
-            print(f"{run_id} {_cancel_phrase(run)}")
+            print(f"{run_id} {await _cancel_phrase(client, run)}")
     return 1 if missed else 0
 
 
-def _cancel_phrase(run: Run) -> str:
-    if run.state.finished:
-        return "cancelled before it started"
-    return "cancel requested; the worker holding it stops it now"
+async def _cancel_phrase(client: Client, run: Run) -> str:
+    """What the cancel did (:func:`durable._report.cancel_phrase`), from the journal."""
+    entries = await client.journal(run.id) if run.state.finished and run.attempt else []
+    return cancel_phrase(run, entries)
 
 
 def _filter_text(chosen: Mapping[str, str]) -> str:

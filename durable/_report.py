@@ -729,6 +729,35 @@ def waiting_phrase(run: Run, entries: Sequence[JournalEntry] | None = None,
     return f"{'sleeping' if reason == 'sleep' else reason} until {utc(run.run_at)}{short}"
 
 
+def cancel_phrase(run: Run, entries: Sequence[JournalEntry]) -> str:
+    """What a cancel did, said of the run as it answered (``run``) and its journal: a
+    run cancelled at once was cancelled before it started only if no attempt ever ran;
+    else it was queued between attempts (waiting, or to be resumed), and what its attempts
+    did is said: the steps done, and those left in doubt, which the cancel does not undo.
+    (Said as "before it started" of every run that ended at once, it hid steps done.)"""
+    if not run.state.finished:
+        return "cancel requested; the worker holding it stops it now"
+    if run.attempt == 0:
+        return "cancelled before it started"
+    last = next((e for e in reversed(entries) if e.kind in _RELEASES), None)
+    why = "while queued between attempts"
+    if last is not None and last.kind is EntryKind.RUN_WAITING:
+        reason, signal = last.data.get("reason"), last.data.get("signal")
+        why = ("while it waited for signal " + repr(signal) if reason == "signal"
+               else "while it waited to retry a step" if reason == "retry"
+               else "while it slept")
+    history = History.fold(entries)
+    done = [s.number for s in history.ordered() if s.state is StepState.COMPLETED]
+    doubt = [s.number for s in history.in_doubt(_current_epoch(run))]
+    did = (f"{'attempt' if run.attempt == 1 else 'attempts'} "
+           f"{'1' if run.attempt == 1 else f'1-{run.attempt}'} had run: "
+           + (_numbers(done) + " done" if done else "no step done"))
+    if doubt:
+        did += (f"; {_numbers(doubt)} in doubt: check {'it' if len(doubt) == 1 else 'them'} "
+                "before any replay")
+    return f"cancelled {why} ({did})"
+
+
 def start_by_phrase(run: Run) -> str:
     """When a run that never started must be claimed by (its ``start_within``), and what
     happens past it."""

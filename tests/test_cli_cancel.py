@@ -16,6 +16,7 @@ import durable
 from durable import RunState
 from durable._types import EntryKind, Fence
 
+from .helpers import poll
 from .test_cli import assert_one_line_error, cli
 
 T = TypeVar("T")
@@ -167,3 +168,51 @@ def test_a_filter_matching_more_than_a_page_cancels_them_all(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == f"{n} runs matched (--workflow cli.hello)"
     assert set(states(url, limit=n + 10).values()) == {"cancelled"}
+
+
+def test_a_cancel_says_what_the_run_s_attempts_had_done(tmp_path: Path) -> None:
+    """A run cancelled at once was cancelled *before it started* only if no attempt ran.
+    One that slept after a step, waited for a signal, or was recovered with a step in
+    doubt is said to be cancelled while it waited (or was queued between attempts), with
+    the steps done and those in doubt, from its journal. Before, each was "cancelled
+    before it started", hiding a step that had deleted something."""
+    from durable._types import JournalWrite
+
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+
+    async def setup(client: durable.Client) -> None:
+        store = client.store
+        for run_id in ("slept", "signalled", "doubt", "fresh"):
+            await client.start("cli.hello", run_id, id=run_id)
+        for run_id in ("slept", "signalled", "doubt"):
+            [run] = await store.claim("w-1", 0.2 if run_id == "doubt" else 300.0, 1,
+                                      run_id=run_id)
+            fence = Fence(run.id, run.epoch)
+            started = JournalWrite(EntryKind.STEP_STARTED, 1, "1", "cli.echo", 1,
+                                   {"args": []})
+            done = JournalWrite(EntryKind.STEP_COMPLETED, 1, "1", "cli.echo", 1,
+                                {"result": "deleted"})
+            if run_id == "doubt":  # its worker died in step 1: recovered, queued again
+                assert await store.append(fence, [started])
+                await poll(lambda f=fence: store.recover_stale(f.run_id, f.epoch), timeout=10)
+                continue
+            waiting = JournalWrite(EntryKind.RUN_WAITING, data={
+                "until": None, "reason": "sleep" if run_id == "slept" else "signal",
+                "signal": None if run_id == "slept" else "go"})
+            assert await store.append(fence, [started, done])
+            assert await store.release(fence, [waiting], run_at=await store.now() + 3600,
+                                       waiting_for=None if run_id == "slept" else "go")
+
+    on_store(url, setup)
+    said = {}
+    for run_id in ("slept", "signalled", "doubt", "fresh"):
+        result = cli("cancel", run_id, db=url)
+        assert result.returncode == 0, result.stderr
+        said[run_id] = result.stdout.strip()
+    assert said == {
+        "slept": "slept cancelled while it slept (attempt 1 had run: step 1 done)",
+        "signalled": "signalled cancelled while it waited for signal 'go' (attempt 1 had "
+                     "run: step 1 done)",
+        "doubt": "doubt cancelled while queued between attempts (attempt 1 had run: no "
+                 "step done; step 1 in doubt: check it before any replay)",
+        "fresh": "fresh cancelled before it started"}

@@ -43,7 +43,7 @@ from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundE
 from .._hosts import foreign_name, loopback
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
-from .._report import RecoveryReport, parse_time, paused_phrase, utc
+from .._report import RecoveryReport, cancel_phrase, parse_time, paused_phrase, utc
 from .._shapes import entry_json, run_json, show_json
 from .._types import JSON, MAX_JSON_DEPTH, EntryKind, Run, RunState, dumps
 from . import _render as render
@@ -185,8 +185,8 @@ class Console:
                            f"{workflow} resumed: its runs are claimed again")
         elif action == "cancel":
             run = await self.client.cancel(run_id, origin=origin)
-            message = (f"{run_id} cancelled before it started" if run.state.finished
-                       else f"{run_id}: cancel requested; the worker holding it stops it now")
+            entries = await self.client.journal(run_id) if run.state.finished else []
+            message = f"{run_id}: {cancel_phrase(run, entries)}"
         else:
             from_step = _parse_step(fields.get("from_step"))
             policy = fields.get("in_doubt") or None
