@@ -23,7 +23,7 @@ import attrs
 from anyio.abc import TaskStatus
 
 from ._approval import APPROVE, REJECT, send_decision
-from ._client import Client, InDoubt, check_step, check_times, describe_replay
+from ._client import Client, InDoubt, check_step, describe_replay
 from ._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
 from ._follow import Follower
 from ._logging import configure_logging, redact
@@ -168,9 +168,11 @@ async def _cmd_start(args: argparse.Namespace) -> int:
     import_modules(_imports(args))
     values = [_parse_json_arg(a) for a in args.args]
     _check_start(args.workflow, values)
-    check_times(timeout=args.timeout, delay=args.delay)  # before the database is opened
-    if args.start_within is not None:
-        check_seconds(args.start_within, "--start-within")
+    # before the database is opened, naming the options
+    for value, option in ((args.timeout, "--timeout"), (args.delay, "--delay"),
+                          (args.start_within, "--start-within")):
+        if value is not None:
+            check_seconds(value, option, zero=option == "--delay")
     check_key(args.key)
     async with Client.connect(args.db) as client:
         _say_created(client.store)

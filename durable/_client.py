@@ -35,6 +35,7 @@ from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
 from ._types import (
     JSON,
+    NEVER,
     JournalEntry,
     NewRun,
     PausedWorkflow,
@@ -715,6 +716,8 @@ def check_times(*, timeout: Any = None, delay: Any = None,
                 or not math.isfinite(run_at)):
             raise ConfigError(f"run_at must be a datetime or epoch seconds, not {run_at!r}")
         when = float(run_at)
+    if when is not None and not when < NEVER:
+        raise ConfigError(f"run_at must be before 9999-12-31T23:59:59Z, not {run_at!r}")
     return timeout, delay, when
 
 

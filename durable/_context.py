@@ -23,7 +23,7 @@ from . import _processes
 from ._errors import ConfigError, LeaseLostError
 from ._logging import redact, redact_json
 from ._registry import BoundActivity, positional
-from ._types import JSON, Run
+from ._types import JSON, MAX_SECONDS, NEVER, Run
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -52,6 +52,9 @@ def _seconds(value: object, what: str, *, negative: bool = False) -> float:
             or not math.isfinite(value) or (value < 0 and not negative)):
         raise ConfigError(f"{what}: expected {'a time' if negative else 'seconds >= 0'} "
                           f"as a finite number, not {value!r}")
+    if value >= NEVER if negative else value > MAX_SECONDS:  # a time the calendar shows
+        bound = "a time before 9999-12-31" if negative else "at most 100 years of seconds"
+        raise ConfigError(f"{what}: expected {bound}, not {value!r}")
     return float(value)
 
 

@@ -174,7 +174,10 @@ def utc(ts: float | None) -> str:
     """``2026-12-01 09:27:05.809 UTC``."""
     if ts is None:
         return "-"
-    return _datetime(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    try:
+        return _datetime(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    except (OverflowError, OSError, ValueError):  # stored before times were bounded
+        return f"{ts:g} (epoch seconds, past the calendar)"
 
 
 def parse_time(value: str | None, name: str) -> float | None:

@@ -22,7 +22,7 @@ import attrs
 from ._errors import ConfigError, RunConflictError
 from ._logging import get_logger
 from ._resend import answered
-from ._types import Run, RunState
+from ._types import MAX_SECONDS, Run, RunState
 
 if TYPE_CHECKING:
     from .store import Store
@@ -43,8 +43,12 @@ def parse_duration(text: str, option: str = "--older-than") -> float:
     if not text or match is None or not any(match.groups()):
         raise ConfigError(f"{option} takes an age such as 30d, 12h, 90m or 0s (units w, d, h, "
                           f"m, s, largest first), not {text!r}")
-    return float(sum(int(n) * size for n, (_, size) in zip(match.groups(), _UNITS, strict=True)
-                     if n is not None))
+    seconds = float(sum(int(n) * size for n, (_, size) in zip(match.groups(), _UNITS,
+                                                                strict=True)
+                        if n is not None))
+    if seconds > MAX_SECONDS:
+        raise ConfigError(f"{option} takes an age of at most 100 years, not {text!r}")
+    return seconds
 
 
 def parse_states(text: str, option: str = "--state") -> tuple[RunState, ...]:

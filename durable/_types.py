@@ -116,7 +116,16 @@ def check_seconds(value: Any, what: str, *, zero: bool = False) -> float:
             or not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
         raise ConfigError(
             f"{what} must be {'0 or more' if zero else 'positive'} seconds, not {value!r}")
+    if value > MAX_SECONDS:
+        raise ConfigError(f"{what} must be at most 100 years ({MAX_SECONDS:.0f} s), not "
+                          f"{value!r}")
     return float(value)
+
+
+MAX_SECONDS = 100 * 365.25 * 86400
+"""The longest span any option takes (a timeout, a delay, a sleep, an age): 100 years. A
+finite number of seconds past that (``--delay 1e300``) was stored, and then every line that
+showed the run's time failed (a year beyond 9999)."""
 
 
 def check_key(key: Any) -> str | None:

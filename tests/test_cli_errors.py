@@ -358,3 +358,47 @@ def test_a_database_on_a_read_only_file_system_says_so(tmp_path: Path) -> None:
                                   f"the file system holding {media} is mounted read-only",
                                   "copy the file to a writable folder")
         assert sorted(p.name for p in media.iterdir()) == ["d.db"]
+
+
+@pytest.mark.parametrize(("option", "said"), [
+    (["--delay", "1e300"], "--delay must be at most 100 years (3155760000 s), not 1e+300"),
+    (["--delay", "3e11"], "--delay must be at most 100 years"),
+    (["--start-within", "1e300"], "--start-within must be at most 100 years"),
+    (["--timeout", "1e12"], "--timeout must be at most 100 years"),
+    (["--delay", "-1"], "--delay must be 0 or more seconds, not -1.0"),
+])
+def test_a_time_past_the_calendar_is_refused_and_nothing_is_written(
+        tmp_path: Path, option: list[str], said: str) -> None:
+    """A finite number of seconds far enough out (``--delay 1e300``) was stored, and then
+    ``show`` of the run was a traceback (a year past 9999): now refused in one line, naming
+    the option, before the database is touched."""
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    assert cli("migrate", db=db).returncode == 0
+    result = cli("start", "cli.hello", '"x"', "--import", "tests.cliflows", *option,
+                 "--id", "far", db=db)
+    assert_one_line_error(result, said)
+    assert count_runs(tmp_path / "d.db") == 0
+
+
+@pytest.mark.parametrize("age", ["99999999999999999999d", "5000000w"])
+def test_prune_refuses_an_age_past_the_calendar_in_one_line(tmp_path: Path, age: str) -> None:
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    assert cli("migrate", db=db).returncode == 0
+    result = cli("prune", "--older-than", age, "--dry-run", db=db)
+    assert_one_line_error(result, f"--older-than takes an age of at most 100 years, not {age!r}")
+
+
+def test_a_time_stored_past_the_calendar_is_shown_not_a_traceback(tmp_path: Path) -> None:
+    """A run stored before times were bounded (its ``run_at`` past year 9999) is shown, its
+    time as epoch seconds, where ``show`` was a traceback."""
+    import sqlite3
+
+    db_path = tmp_path / "d.db"
+    db = f"sqlite:///{db_path}"
+    assert cli("start", "cli.hello", '"x"', "--import", "tests.cliflows", "--id", "old",
+               db=db).returncode == 0
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE durable_runs SET run_at = 1e300 WHERE id = 'old'")
+    shown = cli("show", "old", db=db)
+    assert shown.returncode == 0, shown.stderr
+    assert "1e+300 (epoch seconds, past the calendar)" in shown.stdout, shown.stdout

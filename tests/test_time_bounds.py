@@ -1,0 +1,58 @@
+"""Times a run keeps are times the calendar can show: a span over 100 years, or a moment
+past 9999-12-31, is refused where it is given (a start's ``delay``, ``run_at``, ``timeout``,
+``start_within``; a durable sleep; a wait's timeout), in one line, with nothing written.
+Before, a finite ``1e300`` was stored, and every later line that showed the run's time
+failed (``OverflowError``, ``year 11533 is out of range``). Real SQLite, asyncio and trio."""
+
+from __future__ import annotations
+
+import pytest
+
+import durable
+
+from .helpers import running_worker
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"delay": 1e300}, "delay must be at most 100 years (3155760000 s), not 1e+300"),
+    ({"timeout": 4e9}, "timeout must be at most 100 years"),
+    ({"start_within": 4e9}, "start_within must be at most 100 years"),
+    ({"run_at": 1e300}, "run_at must be before 9999-12-31T23:59:59Z, not 1e+300"),
+    ({"run_at": 253402300799.0}, "run_at must be before 9999-12-31T23:59:59Z"),
+])
+async def test_a_start_past_the_calendar_is_refused(
+        client: durable.Client, registry: durable.Registry, given: dict[str, float],
+        said: str) -> None:
+    @durable.workflow("t.noop", registry=registry)
+    async def noop(ctx: durable.WorkflowContext) -> None:
+        return None
+
+    with pytest.raises(durable.ConfigError, match="^" + said.replace("(", r"\(")
+                       .replace(")", r"\)").replace("+", r"\+")):
+        await client.start("t.noop", id="far", **given)  # type: ignore[arg-type]
+    assert await client.list() == []
+
+
+@pytest.mark.parametrize(("call", "said"), [
+    ("sleep", "ctx.sleep: expected at most 100 years of seconds, not 1e+300"),
+    ("sleep_until", "ctx.sleep_until: expected a time before 9999-12-31, not 1e+300"),
+    ("wait_for", "ctx.wait_for timeout: expected at most 100 years of seconds, not 1e+300"),
+])
+async def test_a_durable_wait_past_the_calendar_fails_the_run_in_one_line(
+        client: durable.Client, registry: durable.Registry, call: str, said: str) -> None:
+    @durable.workflow("t.far", registry=registry)
+    async def far(ctx: durable.WorkflowContext) -> None:
+        if call == "sleep":
+            await ctx.sleep(1e300)
+        elif call == "sleep_until":
+            await ctx.sleep_until(1e300)
+        else:
+            await ctx.wait_for("go", timeout=1e300)
+
+    async with running_worker(client, registry):
+        await client.start("t.far", id="far")
+        done = await client.wait("far", timeout=20)
+    assert done.state is durable.RunState.FAILED
+    assert done.error == f"ConfigError: {said}"
