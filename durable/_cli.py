@@ -923,8 +923,10 @@ def build_parser() -> _Parser:
                                    "every queued and running run a filter matches as the "
                                    "command begins (an incident's stop: --workflow "
                                    "slot.teardown --yes). Each cancel is journaled with who "
-                                   "sent it (and the filter); a run prints one line. Exits 1 "
-                                   "if a run named by id does not exist or had already ended.")
+                                   "sent it (and the filter); a run prints one line. One id "
+                                   "that does not exist or had already ended is an error "
+                                   "(exit 2); of several ids, such a one is a line, and the "
+                                   "command exits 1.")
     _common(p)
     p.add_argument("ids", nargs="*", metavar="ID", help="the runs' ids")
     p.add_argument("--workflow", help="every queued and running run of this workflow")
@@ -1173,6 +1175,7 @@ def _want_traceback(args: argparse.Namespace) -> bool:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         result: int = anyio.run(args.func, args, backend=args.backend)
+        sys.stdout.flush()  # here, where a reader gone away is caught (below)
         return result
     except DurableError as exc:
         if _want_traceback(args):  # redacted like every other output (secrets never shown)
@@ -1180,6 +1183,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         _fail(redact(str(exc)))
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except (BrokenPipeError, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.split(BrokenPipeError)[1] is not None:
+            raise
+        # the reader went away (`durable list | head`): stop quietly, as a pipe's writer
+        # killed by SIGPIPE does; what is left to flush goes nowhere, not to a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import NoReturn
@@ -20,7 +21,7 @@ import durable
 
 from .conftest import subprocess_env
 from .helpers import python_process
-from .test_cli import assert_one_line_error, cli, count_runs
+from .test_cli import ROOT, assert_one_line_error, cli, count_runs
 from .tmpfs import tmpfs
 
 RAISES = "import durable\n\nvalue = 1 / 0\n"
@@ -402,3 +403,23 @@ def test_a_time_stored_past_the_calendar_is_shown_not_a_traceback(tmp_path: Path
     shown = cli("show", "old", db=db)
     assert shown.returncode == 0, shown.stderr
     assert "1e+300 (epoch seconds, past the calendar)" in shown.stdout, shown.stdout
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "r-1"], ["show", "r-1", "--json"]])
+def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path,
+                                                           command: list[str]) -> None:
+    """``durable list | head -1``: the reader closes the pipe; the command stops as a pipe's
+    writer killed by SIGPIPE does (exit 141), with nothing on stderr. Before: a
+    ``BrokenPipeError`` traceback and exit 1."""
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    assert cli("start", "cli.hello", '"x"', "--import", "tests.cliflows", "--id", "r-1",
+               db=db).returncode == 0
+    process = subprocess.Popen(
+        [sys.executable, "-m", "durable", *command, "--db", db], cwd=ROOT,
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # gone before the command writes a line
+    with process.stderr:
+        stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, stderr
+    assert stderr == ""
