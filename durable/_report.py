@@ -23,6 +23,7 @@ import textwrap
 import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
+from urllib.parse import quote
 
 import attrs
 
@@ -46,11 +47,19 @@ DEFAULT_WIDTH = 100
 MIN_WIDTH = 40
 
 
+def run_path(run_id: str) -> str:
+    """A run's page in the console: its id as one path segment, every character but letters,
+    digits and ``-_.~`` encoded. An id is any string: left as it is, a ``?`` or ``#`` in it
+    would end the path, and a ``/`` would name another page (``job/live``: the live view of
+    ``job``); the console reads the id back from the raw path (``%2F`` is part of it)."""
+    return "/runs/" + quote(run_id, safe="")
+
+
 def step_link(run_id: str, number: int, console_url: str | None) -> str:
     """Where to look a step up: the CLI command, and the console URL when one is configured."""
     command = f"python -m durable show {run_id} --step {number}"
     if console_url:
-        return f"{command}  |  {console_url.rstrip('/')}/runs/{run_id}#step-{number}"
+        return f"{command}  |  {console_url.rstrip('/')}{run_path(run_id)}#step-{number}"
     return command
 
 
@@ -114,7 +123,7 @@ class RecoveryReport:
                 not_done.append(line(step, "started"))
         run_link = f"python -m durable show {run.id}"
         if console_url:
-            run_link += f"  |  {console_url.rstrip('/')}/runs/{run.id}"
+            run_link += f"  |  {console_url.rstrip('/')}{run_path(run.id)}"
         return cls(run.id, run.workflow, run.state.value, run.error, tuple(failed),
                    tuple(completed), tuple(doubt), tuple(not_done), run_link)
 

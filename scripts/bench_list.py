@@ -194,7 +194,7 @@ CONSOLE_PATHS = [
     ("GET /runs (first page, counts)", "/runs"),
     ("GET /runs?state=failed", "/runs?state=failed"),
     ("GET /runs?workflow&key", "/runs?workflow=wf.3&key=slot-42"),
-    ("GET /runs/live (the 2 s refresh)", "/runs/live"),
+    ("GET /live/runs (the 2 s refresh)", "/live/runs"),
     ("GET /api/runs?q=<prefix>", "/api/runs?q=run-ab"),
     ("GET /api/status?workflow&key", "/api/status?workflow=wf.3&key=slot-42"),
 ]

@@ -262,3 +262,23 @@ def test_a_signal_sent_from_the_form_reaches_the_waiting_run(env: Env, page: Any
     assert SECRET not in page.content() and "[redacted]" in row.inner_text()
     shown = env.durable("show", "waits-1", "--json")
     assert '"via": "console"' in shown and '"ok": true' in shown
+
+
+def test_a_run_whose_id_holds_url_characters_opens_from_the_list_and_stays_live(
+        env: Env, page: Any) -> None:
+    """Its link and its live view's URL carry the id encoded (tests/test_console_ids.py):
+    left as it was, ``?`` and ``#`` cut the id short, and the page polled another run's
+    URL (404) until it said it had lost contact."""
+    run_id = "run with spaces?&#"
+    env.start("console.many", "3", run_id=run_id, extra=("--delay", "3600"))
+    page.goto(f"{env.console}/runs")
+    page.locator("td.id a", has_text=run_id).click()
+    page.wait_for_selector(".fields[data-state=queued]", timeout=WAIT)
+    assert page.inner_text("h1 small") == run_id
+    page.wait_for_function("() => durableConsole.pollers.some("
+                           "(p) => p.name === 'run' && p.successes >= 3)", timeout=WAIT)
+    run = page.evaluate("(() => { const p = durableConsole.pollers.find("
+                        "(q) => q.name === 'run'); return [p.failures, p.url]; })()")
+    assert run == [0, "/runs/run%20with%20spaces%3F%26%23/live"]
+    assert page.locator("#banner").is_hidden()
+    assert page.url == f"{env.console}/runs/run%20with%20spaces%3F%26%23"

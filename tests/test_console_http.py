@@ -197,7 +197,7 @@ async def test_a_paused_workflow_is_shown_on_the_runs_list_and_its_runs_pages(
         [held] = [row for row in runs.split("<tr") if 'data-run-id="held"' in row]
         [free] = [row for row in runs.split("<tr") if 'data-run-id="free"' in row]
         assert 'class="badge paused"' in held and "paused" not in free
-        assert "Paused:" in (await http.get("/runs/live")).text
+        assert "Paused:" in (await http.get("/live/runs")).text
         api = (await http.get("/api/runs")).json()
         assert [p["workflow"] for p in api["paused"]] == ["t.ok"]
         page = (await http.get("/runs/held")).text

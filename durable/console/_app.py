@@ -13,6 +13,9 @@ Pages (HTML, server-rendered) and a JSON API over the same data:
   Without a configured token the console is read-only and says so. Every
   action is journaled with where it came from (``origin``).
 
+``ID`` is the run id as one percent-encoded path segment (:func:`run_path`), read from the
+raw path; the runs list's live view is ``/live/runs``, where no run id can be.
+
 Security: tokens are compared in constant time and never rendered; forms carry a
 double-submit CSRF value (a random cookie, ``SameSite=Strict``, echoed in the form) and a
 cross-origin ``Origin`` is refused; every response forbids framing and inline scripts.
@@ -24,10 +27,10 @@ import contextlib
 import hmac
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, unquote_to_bytes, urlencode, urlsplit
 
 import attrs
 from starlette.applications import Starlette
@@ -43,7 +46,7 @@ from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundE
 from .._hosts import foreign_name, loopback
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
-from .._report import RecoveryReport, cancel_phrase, parse_time, paused_phrase, utc
+from .._report import RecoveryReport, cancel_phrase, parse_time, paused_phrase, run_path, utc
 from .._shapes import entry_json, run_json, show_json
 from .._types import JSON, MAX_JSON_DEPTH, EntryKind, Run, RunState, dumps
 from . import _render as render
@@ -145,7 +148,7 @@ class Console:
                     "workflow": pruned.workflow, "key": pruned.key,
                     "updated_at": pruned.ended_at, "pruned_at": pruned.pruned_at,
                     "reason": f"pruned on {utc(pruned.pruned_at)}; its journal is gone",
-                    "link": f"/runs/{pruned.id}"}
+                    "link": run_path(pruned.id)}
         if run is None:
             return {"status": "unknown", "run_id": run_id or None, "workflow": workflow or None,
                     "key": key or None, "reason": missing, "link": None}
@@ -153,7 +156,7 @@ class Console:
                 "key": run.key, "updated_at": run.updated_at,
                 "reason": None if run.state is not RunState.FAILED else redact(
                     render._first_line(run.error)),
-                "link": f"/runs/{run.id}"}
+                "link": run_path(run.id)}
 
     # -- actions -------------------------------------------------------------------------------
     def check_token(self, given: str | None) -> None:
@@ -315,6 +318,29 @@ def _parse_cursor(value: str | None) -> tuple[float, str] | None:
         raise BadRequest(f"before={value!r} is not a cursor from a runs page") from None
 
 
+def _run_target(request: Request, suffixes: Collection[str] | None
+                ) -> tuple[str, str | None]:
+    """The run id and the suffix (``live``, ``journal``, an action) of a request under
+    ``/runs/`` or ``/api/runs/``, read from the raw path: an id is any string, sent as one
+    encoded segment (:func:`run_path`), and the decoded path cannot tell a ``%2F`` in it
+    from a ``/``. A last segment in ``suffixes`` (None: any, a POST always names its
+    action) is the suffix and the rest the id, so a ``/`` typed by hand in an id still
+    reaches its run unless what follows it is a suffix (``/runs/job/live``: the live view
+    of ``job``)."""
+    raw = request.scope.get("raw_path") or quote(request.scope["path"]).encode()
+    depth = 3 if request.url.path.startswith("/api/") else 2  # before the id: "", (api,) runs
+    parts = raw.partition(b"?")[0].split(b"/", depth)
+    rest = parts[depth] if len(parts) > depth else b""
+    head, sep, last = rest.rpartition(b"/")
+    if sep and (suffixes is None or last.decode("latin-1") in suffixes):
+        return _segment(head), _segment(last)
+    return _segment(rest), None
+
+
+def _segment(raw: bytes) -> str:
+    return unquote_to_bytes(raw).decode("utf-8", "replace")
+
+
 def _list_query(request: Request) -> render.ListQuery:
     p = request.query_params
     state = p.get("state") or None
@@ -456,8 +482,11 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         return HTMLResponse(render.runs_fragment(query, runs, counts, cursor,
                                                  await console.client.paused()))
 
-    async def run_page(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+    async def run_get(request: Request) -> Response:
+        run_id, live = _run_target(request, ("live",))
+        return await (run_live(run_id) if live else run_page(request, run_id))
+
+    async def run_page(request: Request, run_id: str) -> Response:
         detail = await console.detail(run_id)
         if detail is None:
             pruned = await console.client.pruned(run_id)
@@ -468,10 +497,10 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         return html(request, render.run_page(detail, console.chrome(request),
                                              flash=flash[:300]))
 
-    async def run_live(request: Request) -> Response:
-        detail = await console.detail(request.path_params["run_id"])
+    async def run_live(run_id: str) -> Response:
+        detail = await console.detail(run_id)
         if detail is None:
-            pruned = await console.client.pruned(request.path_params["run_id"])
+            pruned = await console.client.pruned(run_id)
             if pruned is not None:
                 return HTMLResponse(render.pruned_fragment(pruned), 410,
                                     headers={FINAL_HEADER: "1"})
@@ -485,10 +514,10 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                                                 p.get("id", ""), console.chrome(request)))
 
     async def form_action(request: Request) -> Response:
-        action = request.path_params["action"]
-        run_id = request.path_params["run_id"]
+        run_id, action = _run_target(request, None)
         if action not in ACTIONS:
-            return problem(request, f"no action {action!r}: one of {', '.join(ACTIONS)}", 404)
+            return problem(request, f"no action {(action or '')!r}: one of "
+                           f"{', '.join(ACTIONS)}", 404)
         fields = await _form(request)
         cookie = request.cookies.get(CSRF_COOKIE, "")
         given = fields.get("csrf", "")
@@ -499,7 +528,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                                   "reload the page and try again")
         console.check_token(fields.get("token"))
         message = await console.act(action, run_id, fields, _origin(request))
-        return RedirectResponse(f"/runs/{run_id}?{urlencode({'done': message})}", 303)
+        return RedirectResponse(f"{run_path(run_id)}?{urlencode({'done': message})}", 303)
 
     # -- the JSON API --------------------------------------------------------------------------
     async def api_runs(request: Request) -> Response:
@@ -509,8 +538,11 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         return JSONResponse(_safe({"runs": [run_json(r) for r in runs], "next": cursor,
                                    "counts": counts, "paused": paused}))
 
-    async def api_run(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+    async def api_get(request: Request) -> Response:
+        run_id, journal = _run_target(request, ("journal",))
+        return await (api_journal(request, run_id) if journal else api_run(run_id))
+
+    async def api_run(run_id: str) -> Response:
         detail = await console.detail(run_id)
         if detail is None:
             pruned = await console.client.pruned(run_id)
@@ -529,8 +561,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                            for ns, key, rec, epoch in detail.records]
         return JSONResponse(_safe(data))
 
-    async def api_journal(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+    async def api_journal(request: Request, run_id: str) -> Response:
         after_text = request.query_params.get("after", "0")
         try:
             after = int(after_text)
@@ -544,9 +575,10 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         return JSONResponse(_safe(await console.status(request.query_params)))
 
     async def api_action(request: Request) -> Response:
-        action = request.path_params["action"]
+        run_id, action = _run_target(request, None)
         if action not in ACTIONS:
-            return problem(request, f"no action {action!r}: one of {', '.join(ACTIONS)}", 404)
+            return problem(request, f"no action {(action or '')!r}: one of "
+                           f"{', '.join(ACTIONS)}", 404)
         auth = request.headers.get("authorization", "")
         scheme, _, given = auth.partition(" ")
         console.check_token(given.strip() if scheme.lower() == "bearer" else None)
@@ -557,7 +589,6 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
             if not isinstance(parsed, dict):
                 raise BadRequest("the request body must be a JSON object")
             data = parsed
-        run_id = request.path_params["run_id"]
         answer: dict[str, JSON] = {}
         if action == "signal":
             name, payload, signal_id = _signal_body(data)
@@ -579,16 +610,15 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
     routes = [
         Route("/", guarded(home)),
         Route("/runs", guarded(runs_page)),
-        Route("/runs/live", guarded(runs_live)),
-        Route("/runs/{run_id:path}/live", guarded(run_live)),
-        Route("/runs/{run_id:path}/{action:str}", guarded(form_action), methods=["POST"]),
-        Route("/runs/{run_id:path}", guarded(run_page)),
+        Route("/live/runs", guarded(runs_live)),
+        # the id and what follows it are read from the raw path (_run_target)
+        Route("/runs/{rest:path}", guarded(run_get), methods=["GET"]),
+        Route("/runs/{rest:path}", guarded(form_action), methods=["POST"]),
         Route("/status", guarded(status_page)),
         Route("/api/runs", guarded(api_runs)),
         Route("/api/status", guarded(api_status)),
-        Route("/api/runs/{run_id:path}/journal", guarded(api_journal)),
-        Route("/api/runs/{run_id:path}/{action:str}", guarded(api_action), methods=["POST"]),
-        Route("/api/runs/{run_id:path}", guarded(api_run)),
+        Route("/api/runs/{rest:path}", guarded(api_get), methods=["GET"]),
+        Route("/api/runs/{rest:path}", guarded(api_action), methods=["POST"]),
         Route("/healthz", guarded(healthz)),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]

@@ -27,6 +27,7 @@ from .._report import (
     duration,
     overdue_phrase,
     paused_phrase,
+    run_path,
     utc,
     waiting_phrase,
 )
@@ -133,7 +134,7 @@ def runs_page(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int],
               next_cursor: str | None, chrome: Chrome, *, before: str | None,
               paused: Sequence[PausedWorkflow] = ()) -> str:
     """The runs list; its table refreshes itself in place (the same page: ``before`` kept)."""
-    live = "/runs/live?" + query.params(before=before)
+    live = "/live/runs?" + query.params(before=before)  # not under /runs/: any id is a run's
     body = f"""<h1>Runs</h1>
 {filters_form(query)}
 <section class="live" data-poll="{attr(live)}" data-poll-interval="2000" data-poll-name="runs">
@@ -172,7 +173,7 @@ def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, in
     for run in runs:
         rows.append(
             f'<tr class="run state-{run.state.value}" data-run-id="{attr(run.id)}">'
-            f'<td class="id"><a href="/runs/{attr(run.id)}">{text(run.id)}</a></td>'
+            f'<td class="id"><a href="{attr(run_path(run.id))}">{text(run.id)}</a></td>'
             f"<td>{text(run.workflow)}</td><td>{text(run.key or '-')}</td>"
             f"<td>{badge(run.state.value)}{_held(run, held)}</td><td>{run.attempt}</td>"
             f"<td>{when(run.created_at)}</td><td>{when(run.updated_at)}</td>"
@@ -238,7 +239,7 @@ def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
     run = detail.run
     body = f"""<p class="crumbs"><a href="/runs">runs</a> / {text(run.id)}</p>
 <h1>{text(run.workflow)} <small>{text(run.id)}</small></h1>
-<section class="live" data-poll="/runs/{attr(run.id)}/live" data-poll-interval="1000"
+<section class="live" data-poll="{attr(run_path(run.id))}/live" data-poll-interval="1000"
  data-poll-name="run">
 {run_fragment(detail)}
 </section>
@@ -572,21 +573,21 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
     forms = []
     if awaiting_approval(d):
         forms.append(f'<form class="action approve" method="post" '
-                     f'action="/runs/{attr(run.id)}/approve">{csrf}'
+                     f'action="{attr(run_path(run.id))}/approve">{csrf}'
                      '<label>note <input name="note" maxlength="300"></label>'
                      f'{token}<button type="submit">approve plan</button></form>')
         forms.append(f'<form class="action reject" method="post" '
-                     f'action="/runs/{attr(run.id)}/reject">{csrf}'
+                     f'action="{attr(run_path(run.id))}/reject">{csrf}'
                      '<label>reason <input name="reason" maxlength="300"></label>'
                      f'{token}<button type="submit" class="danger">reject plan</button></form>')
     if not run.state.finished:
         forms.append(signal_form(d, csrf, token))
         forms.append(f'<form class="action cancel" method="post" '
-                     f'action="/runs/{attr(run.id)}/cancel">{csrf}{token}'
+                     f'action="{attr(run_path(run.id))}/cancel">{csrf}{token}'
                      '<button type="submit" class="danger">cancel run</button></form>')
         pausing = "resume" if d.paused is not None else "pause"
         forms.append(f'<form class="action {pausing}" method="post" '
-                     f'action="/runs/{attr(run.id)}/{pausing}">{csrf}{token}'
+                     f'action="{attr(run_path(run.id))}/{pausing}">{csrf}{token}'
                      f'<button type="submit">{pausing} workflow {text(run.workflow)}</button>'
                      "</form>")
     if run.state in (RunState.FAILED, RunState.CANCELLED):
@@ -612,7 +613,7 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
                   '<label><input type="radio" name="in_doubt" value="accept"> accept them as '
                   "done</label></fieldset>" if doubt else "")
         forms.append(f'<form class="action replay" method="post" '
-                     f'action="/runs/{attr(run.id)}/replay">{csrf}{why}'
+                     f'action="{attr(run_path(run.id))}/replay">{csrf}{why}'
                      f'<label>from <select name="from_step">{first}{steps}</select></label>'
                      f"{choice}{token}"
                      '<button type="submit">replay run</button></form>')
@@ -632,7 +633,7 @@ def signal_form(d: RunDetail, csrf: str, token: str) -> str:
     waits = ('<p class="hint"><b>Send a signal</b> (what a <code>ctx.wait_for</code> of the run '
              "receives)" + (f"; it waits for <code>{text(name)}</code> now" if name else "")
              + ".</p>")
-    return (f'<form class="action signal" method="post" action="/runs/{attr(run.id)}/signal">'
+    return (f'<form class="action signal" method="post" action="{attr(run_path(run.id))}/signal">'
             f"{csrf}{waits}"
             f'<label>signal <input name="name" required maxlength="200" '
             f'value="{attr(name)}"></label>'
