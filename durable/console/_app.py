@@ -30,7 +30,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote_to_bytes, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, unquote, unquote_to_bytes, urlsplit
 
 import attrs
 from starlette.applications import Starlette
@@ -53,6 +53,10 @@ from . import _render as render
 
 STATIC = Path(__file__).parent / "static"
 CSRF_COOKIE = "durable_csrf"
+FLASH_COOKIE = "durable_done"
+"""What an action did, for the run's page the action redirects to: once, in a cookie only
+the console sets (a ``?done=`` in the URL let any link put a success line on a run's page:
+"plan approved" on a run that failed)."""
 PAGE_LIMIT_MAX = 500
 SIGNAL_TEXT_MAX = 200
 """A signal's name or id from the console: at most this many characters."""
@@ -410,6 +414,18 @@ def _json(text: str | bytes, what: str, nothing: str = "nothing was done") -> JS
         raise BadRequest(f"{what} is not JSON{where}; {nothing}") from None
 
 
+def _flash_for(request: Request, run_id: str) -> str:
+    """The line an action left for ``run_id``'s page (:data:`FLASH_COOKIE`), or ""."""
+    try:
+        found = json.loads(unquote(request.cookies.get(FLASH_COOKIE, "")))
+    except ValueError:
+        return ""
+    if (isinstance(found, list) and len(found) == 2 and found[0] == run_id
+            and isinstance(found[1], str)):
+        return found[1]
+    return ""
+
+
 async def _form(request: Request) -> dict[str, str]:
     """An urlencoded form, parsed without python-multipart."""
     body = (await _body(request)).decode("utf-8", "replace")
@@ -493,9 +509,12 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
             if pruned is not None:
                 return html(request, render.pruned_page(pruned, console.chrome(request)), 410)
             return html(request, render.not_found_page(run_id, console.chrome(request)), 404)
-        flash = request.query_params.get("done", "")
-        return html(request, render.run_page(detail, console.chrome(request),
-                                             flash=flash[:300]))
+        flash = _flash_for(request, run_id)
+        response = html(request, render.run_page(detail, console.chrome(request),
+                                                 flash=flash))
+        if FLASH_COOKIE in request.cookies:
+            response.delete_cookie(FLASH_COOKIE, path="/", httponly=True, samesite="strict")
+        return response
 
     async def run_live(run_id: str) -> Response:
         detail = await console.detail(run_id)
@@ -528,7 +547,10 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                                   "reload the page and try again")
         console.check_token(fields.get("token"))
         message = await console.act(action, run_id, fields, _origin(request))
-        return RedirectResponse(f"{run_path(run_id)}?{urlencode({'done': message})}", 303)
+        response = RedirectResponse(run_path(run_id), 303)
+        response.set_cookie(FLASH_COOKIE, quote(json.dumps([run_id, message[:300]])),
+                            max_age=60, path="/", httponly=True, samesite="strict")
+        return response
 
     # -- the JSON API --------------------------------------------------------------------------
     async def api_runs(request: Request) -> Response:
