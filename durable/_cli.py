@@ -478,10 +478,16 @@ async def _cmd_schedule_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'name':<24} {'workflow':<20} {'cron':<18} {'timezone':<16} {'next fire':<21} "
           "last run")
+    unfireable = []
     for sched in found:
-        nxt = "paused" if sched.paused else iso(sched.next_fire())
+        when, why = sched.next_fire_or_why()
+        nxt = "paused" if sched.paused else iso(when) or "cannot fire"
+        if why is not None:
+            unfireable.append(f"{sched.name}: cannot fire: {why}")
         print(f"{sched.name:<24} {sched.spec.workflow:<20} {sched.spec.cron:<18} "
               f"{sched.spec.timezone:<16} {nxt:<21} {sched.last_run_id or '-'}")
+    for line in unfireable:
+        print(line)
     return 0
 
 
@@ -494,6 +500,8 @@ async def _cmd_schedule_show(args: argparse.Namespace) -> int:
         return 0
     shown["catchup"] = catchup_text(found.spec.catchup)
     shown["args"] = json.dumps(found.spec.args)
+    if shown["cannot_fire"] is None:
+        del shown["cannot_fire"]
     for name, value in shown.items():
         print(f"{name + ':':<14} {'-' if value is None else value}")
     return 0
@@ -506,7 +514,9 @@ async def _cmd_schedule_pause(args: argparse.Namespace) -> int:
     if paused:
         print(f"schedule {found.name} paused: it starts nothing until resumed")
     else:
-        print(f"schedule {found.name} resumed; next fire {iso(found.next_fire())}")
+        when, why = found.next_fire_or_why()
+        print(f"schedule {found.name} resumed; " + (
+            f"next fire {iso(when)}" if why is None else f"it cannot fire: {why}"))
     return 0
 
 

@@ -15,15 +15,16 @@ seconds), evaluated in the schedule's IANA timezone (``zoneinfo``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
-from croniter import CroniterError, croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 
 from ._errors import ConfigError
 from ._logging import get_logger
@@ -41,6 +42,18 @@ of the N latest missed ones started)."""
 ON_TIME_MAX = 1_000
 """At most this many fires on time in one tick (a six-field cron fires at most once a
 second: 61 within the grace)."""
+
+CRON_SEARCH_YEARS = 50
+"""How far croniter looks for a cron's next (or previous) fire, its default. Whatever exists
+in the calendar comes round within 40 years (29 February on a given weekday: 2072, then
+2112), so an expression croniter finds no fire of in this span never fires."""
+
+NEVER_FIRES_FROM = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+"""Where a cron is checked to fire: a fixed time, so whether it is accepted does not depend
+on when (from any time, a cron that fires at all does within the search)."""
+
+_CRON_ERRORS = (CroniterError, ValueError, LookupError, TypeError, OverflowError)
+"""What croniter and zoneinfo raise for what they cannot compute."""
 
 CatchUp = Literal["skip"] | int
 _NAME = re.compile(r"[^\s@]+")
@@ -63,10 +76,23 @@ def check_cron(cron: object) -> str:
         raise ConfigError(f"bad cron expression {cron!r}: give 5 fields (minute hour day "
                           f"month weekday) or 6 (the same and seconds), not {fields}")
     try:
-        croniter(text)
+        it = croniter(text, NEVER_FIRES_FROM)
     except (CroniterError, ValueError, KeyError) as exc:
         raise ConfigError(f"bad cron expression {cron!r}: {exc}") from None
+    # valid fields may name no date (30 February): a schedule that never fires would be
+    # written, and then every computation of its fires would fail
+    try:
+        it.get_next(float)
+    except _CRON_ERRORS as exc:
+        raise ConfigError(_cannot_fire(text, exc)) from None
     return text
+
+
+def _cannot_fire(cron: str, exc: Exception, timezone: str = "UTC") -> str:
+    if isinstance(exc, CroniterBadDateError):
+        return (f"cron {cron!r} never fires (no date matches it: croniter finds none in "
+                f"{CRON_SEARCH_YEARS} years)")
+    return f"cron {cron!r} in timezone {timezone!r} cannot fire ({type(exc).__name__}: {exc})"
 
 
 def check_timezone(name: object) -> str:
@@ -131,21 +157,48 @@ class ScheduleSpec:
         check_key(self.key)
         dumps(self.args, "schedule arguments", around=1)
 
+    @classmethod
+    def stored(cls, **fields: Any) -> ScheduleSpec:
+        """A definition as stored, not checked again (it was when written): one that no
+        longer passes the checks (a cron that never fires, written by an older version) is
+        still read and listed, and the scheduler skips it, where a refusal here would fail
+        every read of the schedules."""
+        spec = object.__new__(cls)
+        for field in attrs.fields(cls):
+            object.__setattr__(spec, field.name, fields[field.name])
+        return spec
+
     def same_definition(self, other: ScheduleSpec) -> bool:
         return attrs.astuple(self) == attrs.astuple(other)
 
     def next_fire(self, after: float) -> float:
-        """The first fire time strictly after ``after``."""
-        zone = ZoneInfo(self.timezone)
-        it = croniter(self.cron, dt.datetime.fromtimestamp(after, zone))
-        while True:
-            when = float(it.get_next(float))
-            if not self._repeated(when, zone):
-                return when
+        """The first fire time strictly after ``after``; a :class:`ConfigError` if the fires
+        cannot be computed (a stored definition is not checked again: :meth:`stored`)."""
+        with self._computing():
+            zone = ZoneInfo(self.timezone)
+            it = croniter(self.cron, dt.datetime.fromtimestamp(after, zone))
+            while True:
+                when = float(it.get_next(float))
+                if not self._repeated(when, zone):
+                    return when
 
     def latest_fires(self, after: float, until: float, limit: int) -> list[float]:
         """Up to ``limit`` fire times ``t`` with ``after < t <= until``, the latest ones,
-        oldest first (read backwards from ``until``, so a long gap costs ``limit`` steps)."""
+        oldest first (read backwards from ``until``, so a long gap costs ``limit`` steps).
+        A :class:`ConfigError` as :meth:`next_fire`."""
+        with self._computing():
+            return self._latest_fires(after, until, limit)
+
+    @contextlib.contextmanager
+    def _computing(self) -> Iterator[None]:
+        """croniter's and zoneinfo's errors as one ConfigError saying why the schedule
+        cannot fire."""
+        try:
+            yield
+        except _CRON_ERRORS as exc:
+            raise ConfigError(_cannot_fire(self.cron, exc, self.timezone)) from exc
+
+    def _latest_fires(self, after: float, until: float, limit: int) -> list[float]:
         zone = ZoneInfo(self.timezone)
         # get_prev is strict: from just after `until`, a fire at `until` itself is found
         start = dt.datetime.fromtimestamp(until, zone) + dt.timedelta(microseconds=1)
@@ -206,12 +259,21 @@ class Schedule:
         return self.spec.name
 
     def next_fire(self) -> float:
-        """The next fire time not yet done with (in the past when a fire is due)."""
+        """The next fire time not yet done with (in the past when a fire is due); a
+        :class:`ConfigError` if it cannot be computed."""
         return self.spec.next_fire(self.fired_through)
+
+    def next_fire_or_why(self) -> tuple[float | None, str | None]:
+        """The next fire time, or None and why the schedule cannot fire (a stored definition
+        croniter refuses: listed, saying so, not an error)."""
+        try:
+            return self.next_fire(), None
+        except ConfigError as exc:
+            return None, str(exc)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:
-        spec = ScheduleSpec(
+        spec = ScheduleSpec.stored(
             name=row["name"], workflow=row["workflow"], args=loads(row["args"]),
             cron=row["cron"], timezone=row["timezone"], key=row["concurrency_key"],
             catchup=int(row["catchup"]))
@@ -225,12 +287,13 @@ class Schedule:
 
     def to_json(self) -> dict[str, JSON]:
         """The shape of ``schedule list --json`` and ``schedule show --json``."""
+        nxt, why = self.next_fire_or_why()
         return {
             "name": self.name, "workflow": self.spec.workflow, "args": self.spec.args,
             "cron": self.spec.cron, "timezone": self.spec.timezone, "key": self.spec.key,
             "catchup": catchup_text(self.spec.catchup).replace("up to ", ""),
             "paused": self.paused,
-            "next_fire_at": None if self.paused else iso(self.next_fire()),
+            "next_fire_at": None if self.paused else iso(nxt), "cannot_fire": why,
             "last_fire_at": iso(self.last_fire_at), "last_run_id": self.last_run_id,
             "origin": self.origin, "created_at": iso(self.created_at),
         }
@@ -296,6 +359,8 @@ class Scheduler:
         self.ticks_begun = 0
         self.ticks = 0
         """Ticks begun and ticks done (a tick begun after the clock moved saw it)."""
+        self._unfireable: dict[str, str] = {}
+        """The schedules that cannot fire, and why, as logged (once, not every tick)."""
 
     async def declare(self, specs: Sequence[ScheduleSpec]) -> None:
         """Write the schedules declared in code (their definitions; state is kept)."""
@@ -316,17 +381,33 @@ class Scheduler:
     async def _tick(self) -> float | None:
         now = await self.store.now()
         upcoming: float | None = None
+        unfireable: dict[str, str] = {}
         for sched in await self.store.list_schedules():
             if sched.paused:
                 continue
-            await self._fire_due(sched, now)
-            # every fire up to now is done with (here or by another worker; a schedule that
-            # changed under this tick is read again at the next one)
-            when = sched.spec.next_fire(max(sched.fired_through, now))
+            try:
+                late, on_time = self._due(sched, now)
+                # every fire up to now is done with once they start (here or by another
+                # worker; a schedule that changed under this tick is read again at the next)
+                when = sched.spec.next_fire(max(sched.fired_through, now))
+            except ConfigError as exc:
+                # a stored definition whose fires cannot be computed (a cron that never
+                # fires, written before it was refused): skipped, the others fire
+                why = str(exc)
+                if self._unfireable.get(sched.name) != why:
+                    self.log.error("schedule_cannot_fire", schedule=sched.name,
+                                   cron=sched.spec.cron, timezone=sched.spec.timezone,
+                                   error=why)
+                self._unfireable[sched.name] = unfireable[sched.name] = why
+                continue
+            await self._fire_due(sched, now, late, on_time)
             upcoming = when if upcoming is None else min(upcoming, when)
+        self._unfireable = unfireable  # logged again if it comes back after a fix
         return upcoming
 
-    async def _fire_due(self, sched: Schedule, now: float) -> None:
+    def _due(self, sched: Schedule, now: float) -> tuple[list[float], list[float]]:
+        """The fires due now: those missed (at most ``catchup``, or the latest when
+        skipped) and those on time."""
         spec = sched.spec
         # every fire found within the grace is on time and starts, whatever the policy (a
         # scheduler held up for a while finds several of a frequent schedule due at once);
@@ -336,6 +417,11 @@ class Scheduler:
         on_time = spec.latest_fires(grace_from, now, ON_TIME_MAX)
         late = (spec.latest_fires(sched.fired_through, grace_from, spec.catchup or 1)
                 if grace_from > sched.fired_through else [])
+        return late, on_time
+
+    async def _fire_due(self, sched: Schedule, now: float, late: list[float],
+                        on_time: list[float]) -> None:
+        spec = sched.spec
         version = sched.version
         if spec.catchup == 0 and late:
             # missed while no scheduler ran: skipped, the cursor moves past them

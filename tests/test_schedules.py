@@ -378,6 +378,7 @@ def test_cli_schedules(flows: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["add", "s", "hello", "--cron", "0 25 * * *"], "bad cron expression '0 25 * * *'"),
+    (["add", "s", "hello", '"x"', "--cron", "0 0 30 2 *"], "cron '0 0 30 2 *' never fires"),
     (["add", "s", "hello", "--cron", "0 3 * * *", "--timezone", "Mars/Olympus"],
      "unknown timezone 'Mars/Olympus'"),
     (["add", "s", "hello", "--cron", "0 3 * * *", "--catchup", "many"], "catchup must be"),
