@@ -640,3 +640,25 @@ def test_only_a_dns_name_other_than_localhost_can_name_another_site(
     """``rebindable`` judges a Host header's host as written: in any case, with or without
     the final dot that makes a DNS name absolute, and an IPv6 address in brackets."""
     assert rebindable(name) is can_be_another_site
+
+
+async def test_a_success_line_is_shown_once_for_the_run_acted_on_and_no_link_can_forge_it(
+        client: durable.Client) -> None:
+    """What an action did is shown on the run's page it redirects to, once, from a cookie
+    the console sets; a link that carries ``?done=...`` shows nothing (before, any link put
+    "plan approved" on a failed run's page), and another run's page does not show it."""
+    await client.start("t.ok", "x", id="ok-7", delay=3600)
+    await client.start("t.ok", "y", id="ok-8", delay=3600)
+    async with console(client, token=TOKEN) as http:
+        forged = (await http.get(
+            "/runs/ok-8?done=ok-8%3A+plan+approved%3B+the+run+re-checks+it+and+acts")).text
+        assert "plan approved" not in forged and 'class="flash"' not in forged
+        page = (await http.get("/runs/ok-7")).text
+        done = await http.post("/runs/ok-7/cancel", data={"csrf": _csrf(page), "token": TOKEN})
+        assert done.status_code == 303 and done.headers["location"] == "/runs/ok-7"
+        other = (await http.get("/runs/ok-8")).text
+        assert 'class="flash"' not in other  # another run's page does not take it
+        after = (await http.get("/runs/ok-7")).text
+        assert '<div class="flash">ok-7: cancelled before it started</div>' in after
+        again = (await http.get("/runs/ok-7")).text
+        assert 'class="flash"' not in again  # once

@@ -512,7 +512,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         flash = _flash_for(request, run_id)
         response = html(request, render.run_page(detail, console.chrome(request),
                                                  flash=flash))
-        if FLASH_COOKIE in request.cookies:
+        if flash:  # shown: once (another run's page leaves it)
             response.delete_cookie(FLASH_COOKIE, path="/", httponly=True, samesite="strict")
         return response
 
