@@ -44,7 +44,7 @@ from ._report import (
 from ._retention import PrunedRun, parse_duration, parse_states, prune
 from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
 from ._shapes import run_json, show_json
-from ._types import Run, RunState, check_key, check_seconds
+from ._types import Run, RunState, check_key, check_printable, check_seconds
 from ._version import __version__
 from ._worker import Worker
 from .store import Store, store_from_url
@@ -174,6 +174,8 @@ async def _cmd_start(args: argparse.Namespace) -> int:
         if value is not None:
             check_seconds(value, option, zero=option == "--delay")
     check_key(args.key)
+    if args.id is not None:
+        check_printable(args.id, "--id")
     async with Client.connect(args.db) as client:
         _say_created(client.store)
         run = await client.start(args.workflow, *values, id=args.id, key=args.key,

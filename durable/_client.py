@@ -44,6 +44,7 @@ from ._types import (
     SignalSent,
     StepState,
     check_key,
+    check_printable,
     check_seconds,
     dumps,
 )
@@ -206,6 +207,8 @@ class Client:
         dumps(arg_list, "workflow arguments", around=1)
         if id is not None and (not isinstance(id, str) or not id.strip()):
             raise ConfigError("a run id must be a non-empty string")
+        if id is not None:
+            check_printable(id, "a run id")
         check_key(key)
         timeout, delay, when = check_times(timeout=timeout, delay=delay, run_at=run_at)
         if start_within is not None:

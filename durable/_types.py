@@ -6,6 +6,7 @@ import enum
 import json
 import json.encoder
 import math
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -134,7 +135,29 @@ def check_key(key: Any) -> str | None:
     others."""
     if key is not None and (not isinstance(key, str) or not key.strip()):
         raise ConfigError(f"a concurrency key must be a non-empty string, not {key!r}")
+    if key is not None:
+        check_printable(key, "a concurrency key")
     return key
+
+
+NAME_MAX = 1000
+"""The longest run id or concurrency key, in characters (as Temporal's workflow ids)."""
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def check_printable(text: str, what: str) -> str:
+    """A run id or a key as every line that names it can show it: at most
+    :data:`NAME_MAX` characters, no control character. A newline in an id split the rows of
+    ``durable list``; an escape sequence reached the operator's terminal as a command
+    (``\\x1b[31m``); a 100,000-character id was taken and printed whole."""
+    if len(text) > NAME_MAX:
+        raise ConfigError(f"{what} must be at most {NAME_MAX} characters, not {len(text)}")
+    found = _CONTROL.search(text)
+    if found is not None:
+        raise ConfigError(f"{what} must not hold control characters ({found.group()!r} at "
+                          f"{found.start()}): {text[:60]!r}")
+    return text
 
 
 MAX_JSON_DEPTH = 100

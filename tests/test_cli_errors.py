@@ -423,3 +423,24 @@ def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path,
         stderr = process.stderr.read().decode()
     assert process.wait(timeout=60) == 141, stderr
     assert stderr == ""
+
+
+@pytest.mark.parametrize(("option", "said"), [
+    (["--id", "a\nb"], "--id must not hold control characters ('\\n' at 1): 'a\\nb'"),
+    (["--id", "x" * 1001], "--id must be at most 1000 characters, not 1001"),
+    (["--key", "k\x1b[31mred"], "a concurrency key must not hold control characters "
+                                "('\\x1b' at 1)"),
+])
+def test_an_id_or_key_no_line_can_show_is_refused(tmp_path: Path, option: list[str],
+                                                   said: str) -> None:
+    """A newline in a run id split the rows of ``durable list``, an escape sequence in a key
+    reached the operator's terminal as a command, and a 100,000-character id was taken and
+    printed whole: refused in one line, nothing written."""
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    assert cli("migrate", db=db).returncode == 0
+    result = cli("start", "cli.hello", '"x"', "--import", "tests.cliflows", *option, db=db)
+    assert_one_line_error(result, said)
+    assert count_runs(tmp_path / "d.db") == 0
+    ok = cli("start", "cli.hello", '"x"', "--import", "tests.cliflows", "--id", "ünï ok",
+             db=db)
+    assert ok.returncode == 0, ok.stderr

@@ -1,8 +1,10 @@
-"""Times a run keeps are times the calendar can show: a span over 100 years, or a moment
-past 9999-12-31, is refused where it is given (a start's ``delay``, ``run_at``, ``timeout``,
-``start_within``; a durable sleep; a wait's timeout), in one line, with nothing written.
-Before, a finite ``1e300`` was stored, and every later line that showed the run's time
-failed (``OverflowError``, ``year 11533 is out of range``). Real SQLite, asyncio and trio."""
+"""What a start keeps is what every line can show. Times the calendar shows: a span over
+100 years, or a moment past 9999-12-31, is refused where it is given (a start's ``delay``,
+``run_at``, ``timeout``, ``start_within``; a durable sleep; a wait's timeout), in one line,
+with nothing written; before, a finite ``1e300`` was stored, and every later line that
+showed the run's time failed (``OverflowError``, ``year 11533 is out of range``). And ids
+and keys without control characters, at most 1,000 characters. Real SQLite, asyncio and
+trio."""
 
 from __future__ import annotations
 
@@ -56,3 +58,25 @@ async def test_a_durable_wait_past_the_calendar_fails_the_run_in_one_line(
         done = await client.wait("far", timeout=20)
     assert done.state is durable.RunState.FAILED
     assert done.error == f"ConfigError: {said}"
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"id": "a\nb"}, "a run id must not hold control characters"),
+    ({"id": "x" * 1001}, "a run id must be at most 1000 characters, not 1001"),
+    ({"key": "k\x1b[31m"}, "a concurrency key must not hold control characters"),
+    ({"key": "k" * 1001}, "a concurrency key must be at most 1000 characters"),
+])
+async def test_an_id_or_key_no_line_can_show_is_refused(
+        client: durable.Client, registry: durable.Registry, given: dict[str, str],
+        said: str) -> None:
+    """Ids and keys are printed on every line about a run (``list``, ``show``, logs): a
+    newline split ``list``'s rows, an escape sequence reached the terminal, a
+    100,000-character id was printed whole. Refused, nothing written."""
+    @durable.workflow("t.noop", registry=registry)
+    async def noop(ctx: durable.WorkflowContext) -> None:
+        return None
+
+    with pytest.raises(durable.ConfigError, match="^" + said):
+        await client.start("t.noop", **given)  # type: ignore[arg-type]
+    assert await client.list() == []
+    await client.start("t.noop", id="ünï ok", key="slot 1")  # printable: any script
