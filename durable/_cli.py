@@ -193,11 +193,12 @@ async def _cmd_start(args: argparse.Namespace) -> int:
 
 
 async def _cmd_list(args: argparse.Namespace) -> int:
+    since, until = parse_time(args.since, "--since"), parse_time(args.until, "--until")
+    if since is not None and until is not None and since > until:
+        raise ConfigError("--since must not be after --until")
     async with _existing(args) as client:
         runs = await client.list(state=args.state, workflow=args.workflow, key=args.key,
-                                 limit=args.limit,
-                                 created_from=parse_time(args.since, "--since"),
-                                 created_to=parse_time(args.until, "--until"),
+                                 limit=args.limit, created_from=since, created_to=until,
                                  id_prefix=args.prefix)
         now = await client.store.now()
         held = {p.workflow for p in await client.paused()}
@@ -584,6 +585,12 @@ async def _cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+_WORKER_FLAGS = {"concurrency": "--concurrency", "lease": "--lease", "grace": "--grace",
+                 "poll_interval": "--poll", "http_connections": "--http-connections",
+                 "durable_wait_threshold": "--wait-threshold"}
+"""The :class:`Worker` parameters the command line sets, by their flags."""
+
+
 async def _cmd_worker(args: argparse.Namespace) -> int:
     configure_logging(json=args.log_format == "json", level=args.log_level)
     prune_age = (None if args.prune_older_than is None
@@ -633,11 +640,16 @@ async def _cmd_worker(args: argparse.Namespace) -> int:
                         prune_older_than=prune_age, prune_interval=prune_every,
                         interceptors=[] if metrics is None else [metrics],
                         durable_wait_threshold=args.wait_threshold)
-    except BaseException:
+    except BaseException as exc:
         if console_sock is not None:
             console_sock.close()
         if metrics_listener is not None:
             await metrics_listener.aclose()
+        if isinstance(exc, ConfigError):  # said with the option's flag, not its parameter
+            said = str(exc)
+            for parameter, flag in _WORKER_FLAGS.items():
+                if said.startswith(parameter + " "):
+                    raise ConfigError(flag + said[len(parameter):]) from None
         raise
     await store.open()
     try:

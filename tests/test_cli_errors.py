@@ -444,3 +444,21 @@ def test_an_id_or_key_no_line_can_show_is_refused(tmp_path: Path, option: list[s
     ok = cli("start", "cli.hello", '"x"', "--import", "tests.cliflows", "--id", "ünï ok",
              db=db)
     assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["worker", "--import", "tests.cliflows", "--poll", "0"],
+     "--poll must be positive seconds, not 0.0"),
+    (["worker", "--import", "tests.cliflows", "--wait-threshold", "-1"],
+     "--wait-threshold must be 0 or more seconds, not -1.0"),
+    (["worker", "--import", "tests.cliflows", "--concurrency", "0"],
+     "--concurrency must be at least 1"),
+    (["list", "--since", "2026-12-02", "--until", "2026-12-01"],
+     "--since must not be after --until"),
+])
+def test_a_bad_option_is_named_by_its_flag(tmp_path: Path, args: list[str], said: str) -> None:
+    """Before: ``poll_interval must be positive seconds`` for ``--poll``, and
+    ``created_from must not be after created_to`` for ``--since``/``--until``."""
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    assert cli("migrate", db=db).returncode == 0
+    assert_one_line_error(cli(*args, db=db), said)
