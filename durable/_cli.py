@@ -395,7 +395,7 @@ async def _cmd_pause(args: argparse.Namespace) -> int:
               "database (paused all the same; durable resume undoes it)", file=sys.stderr)
     print(f"{pause.workflow} {paused_phrase(pause)}: no attempt of it starts until "
           f"`durable resume {pause.workflow}` ({queued} queued run"
-          f"{'' if queued == 1 else 's'} wait; running ones go on)")
+          f"{' waits' if queued == 1 else 's wait'}; running ones go on)")
     return 0
 
 

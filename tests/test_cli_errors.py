@@ -462,3 +462,13 @@ def test_a_bad_option_is_named_by_its_flag(tmp_path: Path, args: list[str], said
     db = f"sqlite:///{tmp_path / 'd.db'}"
     assert cli("migrate", db=db).returncode == 0
     assert_one_line_error(cli(*args, db=db), said)
+
+
+def test_a_file_s_path_given_as_the_database_says_its_url(tmp_path: Path) -> None:
+    """``--db /tmp/x.db`` was "unsupported database URL scheme '/tmp/x.db'"; the URL that
+    names that file is said."""
+    path = tmp_path / "x.db"
+    result = cli("list", "--db", str(path))
+    assert_one_line_error(result, f"{str(path)!r} is not a database URL: for that file, "
+                                  f"give sqlite:///{path} (or postgresql://...)")
+    assert not path.exists()

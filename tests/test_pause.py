@@ -182,7 +182,7 @@ def test_the_cli_pauses_lists_shows_and_resumes(tmp_path: Path) -> None:
     paused = cli("pause", "cli.hello", db=db)
     assert paused.returncode == 0, paused.stderr
     assert paused.stdout.startswith("cli.hello paused since ")
-    assert "(cli)" in paused.stdout and "(1 queued run wait; running ones go on)" in \
+    assert "(cli)" in paused.stdout and "(1 queued run waits; running ones go on)" in \
         paused.stdout
     assert paused.stderr == ""
     more = cli("start", "cli.hello", '"b"', "--import", "tests.cliflows", "--id", "h2", db=db)

@@ -95,6 +95,12 @@ def store_from_url(url: str, *, clock: Clock | None = None, create: bool = True,
                                      max_recoveries=max_recoveries, **extra)
         return store
     parts = urlsplit(url)
+    if not parts.scheme and url.strip():  # a file's path: say the URL that names it
+        from pathlib import Path
+
+        hint = f"sqlite:///{Path(url).expanduser().absolute()}"
+        raise ConfigError(f"{url!r} is not a database URL: for that file, give "
+                          f"{hint} (or postgresql://...)")
     raise ConfigError(
         f"unsupported database URL scheme {parts.scheme or url!r}: use sqlite:///FILE "
         "or postgresql://..."
