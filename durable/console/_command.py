@@ -59,7 +59,7 @@ def add_options(parser: argparse.ArgumentParser, *, worker: bool) -> None:
                                  "it behind TLS)")
     parser.add_argument(
         "--token-file", metavar="FILE",
-        help="file holding the admin token that cancel and replay need (default: "
+        help="file holding the admin token that every action needs (default: "
              f"${TOKEN_ENV}; without either the console is read-only)")
     parser.add_argument(
         "--allow-host", dest="allow_hosts", action="append", default=[], metavar="NAME",
@@ -95,7 +95,7 @@ async def serve_client(client: Client, sock: socket.socket, token: str | None,
                      allow_hosts=allow_hosts or ())
     async with anyio.create_task_group() as tg:
         await tg.start(serve, app, sock)
-        mode = "read-only" if token is None else "cancel and replay need the admin token"
+        mode = "read-only" if token is None else "actions need the admin token"
         print(f"durable: console at {url}/runs ({mode})", file=sys.stderr, flush=True)
         await anyio.sleep_forever()
 
