@@ -333,11 +333,17 @@ class Client:
         return [r for r in recovered if state is None or r.state is state]
 
     async def counts(self, workflow: Workflow[..., Any] | str | None = None,
-                     key: str | None = None) -> dict[str, int]:
+                     key: str | None = None, *,
+                     created_from: dt.datetime | float | None = None,
+                     created_to: dt.datetime | float | None = None) -> dict[str, int]:
         """The number of runs in each state, ``{"queued": 3, "running": 1, ...}`` (every
-        state, 0 when none), optionally of one workflow and/or key; from an index."""
+        state, 0 when none), optionally of one workflow and/or key and created in a window
+        (as :meth:`list`'s); from an index. No id prefix: a prefix can span every run,
+        and its count would read them all (docs/list-queries.md)."""
         name = workflow.name if isinstance(workflow, Workflow) else workflow
-        counts = await self.store.count_runs(workflow=name, key=key)
+        start, end = _when(created_from, "created_from"), _when(created_to, "created_to")
+        counts = await self.store.count_runs(workflow=name, key=key, created_from=start,
+                                             created_to=end)
         return {state.value: counts.get(state, 0) for state in RunState}
 
     async def journal(self, run_id: str) -> builtins.list[JournalEntry]:

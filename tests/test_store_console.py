@@ -301,6 +301,19 @@ async def test_counts_per_state(store: Store, clock: FakeClock) -> None:
                            and (key is None or r.key == key))
             got = await store.count_runs(workflow=workflow, key=key)
             assert got == {s: want.get(s, 0) for s in RunState}, (workflow, key)
+    times = sorted(r.created_at for r in runs)
+    cut, late = times[len(times) // 3], times[2 * len(times) // 3]
+    for workflow in [None, "wf.a"]:  # a time window counts its runs only (the console's)
+        for key in [None, "k1"]:
+            for start, end in [(cut, None), (None, late), (cut, late)]:
+                want = Counter(r.state for r in runs
+                               if (workflow is None or r.workflow == workflow)
+                               and (key is None or r.key == key)
+                               and (start is None or r.created_at >= start)
+                               and (end is None or r.created_at < end))
+                got = await store.count_runs(workflow=workflow, key=key, created_from=start,
+                                             created_to=end)
+                assert got == {s: want.get(s, 0) for s in RunState}, (workflow, key, start)
     assert list(await Client(store).counts()) == [s.value for s in RunState]
     assert await Client(store).counts("wf.a", "k1") == {
         s.value: n for s, n in (await store.count_runs(workflow="wf.a", key="k1")).items()}
@@ -419,10 +432,18 @@ async def test_every_filter_shape_is_an_indexed_query(store_url: str, store: Sto
                     assert by_range is leads, (shape, leads, steps)
                     if not leads:  # the other filters' index, in the sort's order
                         assert not any("TEMP B-TREE" in s for s in steps), (shape, steps)
-        for shape in [(), ("workflow",), ("key",), ("workflow", "key")]:
+        timed = [("created_from",), ("created_to",), ("created_from", "created_to")]
+        for shape in [(), ("workflow",), ("key",), ("workflow", "key"),
+                      *(extra + t for extra in [(), ("workflow",), ("key",)] for t in timed),
+                      ("workflow", "key", "created_from", "created_to")]:
             query, params = count_runs_query(**{k: values[k] for k in shape})
             steps = plan(query, params)
             assert all("INDEX" in s for s in steps if s.startswith(("SCAN", "SEARCH"))), steps
             assert not any(re.fullmatch(r"SCAN durable_runs", s) for s in steps), steps
+            if "created_from" in shape or "created_to" in shape:
+                # each state's range of the window, in an index: no table row, no whole index
+                assert steps[0].startswith("SEARCH durable_runs USING"), (shape, steps)
+                if "workflow" not in shape or "key" not in shape:
+                    assert "COVERING INDEX" in steps[0] and "created_at" in steps[0], steps
     finally:
         conn.close()

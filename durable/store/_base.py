@@ -338,10 +338,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def count_runs(
-        self, *, workflow: str | None = None, key: str | None = None
+        self, *, workflow: str | None = None, key: str | None = None,
+        created_from: float | None = None, created_to: float | None = None,
     ) -> dict[RunState, int]:
         """The number of runs in each state (every state, 0 when none), optionally of one
-        workflow and/or concurrency key; counted from an index."""
+        workflow and/or concurrency key, created in ``[created_from, created_to)``; counted
+        from an index."""
 
     @abc.abstractmethod
     async def latest_run(self, workflow: str, key: str) -> Run | None:

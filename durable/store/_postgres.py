@@ -782,9 +782,11 @@ class PostgresStore(Store):
         return [Run.from_row(r) for r in await self._read(query, params)]
 
     async def count_runs(
-        self, *, workflow: str | None = None, key: str | None = None
+        self, *, workflow: str | None = None, key: str | None = None,
+        created_from: float | None = None, created_to: float | None = None,
     ) -> dict[RunState, int]:
-        where, params = run_filters(Q, workflow=workflow, key=key)
+        where, params = run_filters(Q, workflow=workflow, key=key, created_from=created_from,
+                                    created_to=created_to)
         counts = dict.fromkeys(RunState, 0)
         for row in await self._read(Q["count_runs"].replace("/*where*/", where), params):
             counts[RunState(row["state"])] = int(row["n"])

@@ -33,6 +33,11 @@ GROUP BY state;
 -- name: runs_where_state
 state = :state
 
+-- name: runs_any_state
+-- every state, named for a count within a time window: each state's range is then read in
+-- an index led by the state (count_runs_query in durable/store/_sqlite.py)
+state IN ('queued', 'running', 'completed', 'failed', 'cancelled')
+
 -- name: runs_where_workflow
 workflow = :workflow
 
