@@ -33,13 +33,13 @@ from ._report import (
     _isatty,
     cancel_phrase,
     clip,
+    list_note,
     one_line,
     parse_time,
     paused_phrase,
     render_timeline,
     terminal_width,
     use_color,
-    waiting_phrase,
 )
 from ._retention import PrunedRun, parse_duration, parse_states, prune
 from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
@@ -212,8 +212,7 @@ async def _cmd_list(args: argparse.Namespace) -> int:
     for r in runs:
         # a run released to wait says what for (durable waiting) where an error would be;
         # a queued run of a paused workflow, that it waits for the resume
-        waiting = waiting_phrase(r, now=now)
-        note = r.error or (f"waiting {waiting}" if waiting else "")
+        note = list_note(r, now)
         if r.state is RunState.QUEUED and r.workflow in held:
             note = f"paused (durable resume {r.workflow}){'; ' + note if note else ''}"
         print(f"{r.id:<36} {r.workflow:<20} {(r.key or '-'):<16} {r.state.value:<10} "

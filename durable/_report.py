@@ -741,6 +741,13 @@ def waiting_phrase(run: Run, entries: Sequence[JournalEntry] | None = None,
     return f"{'sleeping' if reason == 'sleep' else reason} until {utc(run.run_at)}{short}"
 
 
+def list_note(run: Run, now: float) -> str:
+    """What a runs list says of a run where an error would be (``durable list``, the
+    console's runs list): its error, or what a run released to wait waits for."""
+    waiting = waiting_phrase(run, now=now)
+    return run.error or (f"waiting {waiting}" if waiting else "")
+
+
 def cancel_phrase(run: Run, entries: Sequence[JournalEntry]) -> str:
     """What a cancel did, said of the run as it answered (``run``) and its journal: a
     run cancelled at once was cancelled before it started only if no attempt ever ran;
