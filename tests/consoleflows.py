@@ -91,3 +91,9 @@ async def approved(ctx: durable.WorkflowContext, what: str) -> str:
 @durable.workflow("console.waits")
 async def waits(ctx: durable.WorkflowContext) -> object:
     return await ctx.wait_for("go")
+
+
+@durable.workflow("console.fails_later")
+async def fails_later(ctx: durable.WorkflowContext, folder: str) -> None:
+    await ctx.step(wait_for, f"{folder}/fail")
+    await ctx.step(boom, "deleting the volume")

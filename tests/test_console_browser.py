@@ -282,3 +282,32 @@ def test_a_run_whose_id_holds_url_characters_opens_from_the_list_and_stays_live(
     assert run == [0, "/runs/run%20with%20spaces%3F%26%23/live"]
     assert page.locator("#banner").is_hidden()
     assert page.url == f"{env.console}/runs/run%20with%20spaces%3F%26%23"
+
+
+def test_the_actions_follow_the_run_s_state_and_keep_what_is_typed(env: Env, page: Any) -> None:
+    """The forms come with the live fragment but are swapped only when what they offer
+    changes: a half-typed payload survives the polls; the failure brings the replay form and
+    takes cancel and signal away, without a reload."""
+    env.start("console.fails_later", f'"{env.gates}"', run_id="later-fail-1")
+    page.goto(f"{env.console}/runs/later-fail-1")
+    page.wait_for_selector(".fields[data-state=running]", timeout=WAIT)
+    page.evaluate("window.__same_page = true")
+    payload = page.locator("form.signal textarea[name=payload]")
+    payload.fill('{"typed": "half"}')
+    seen = page.evaluate("durableConsole.renders")
+    page.wait_for_function(f"() => durableConsole.renders >= {seen + 3}", timeout=WAIT)
+    assert payload.input_value() == '{"typed": "half"}'
+    env.open_gate("fail")
+    page.wait_for_selector("form.replay", timeout=WAIT)
+    assert page.locator("form.cancel, form.signal, form.pause").count() == 0
+    assert page.evaluate("window.__same_page") is True
+
+
+def test_a_run_page_opened_before_the_run_exists_becomes_its_page(env: Env, page: Any) -> None:
+    page.goto(f"{env.console}/runs/late-1")
+    page.wait_for_function("() => durableConsole.renders >= 1", timeout=WAIT)
+    assert page.inner_text("[data-status]").startswith("cannot confirm")
+    env.start("console.many", "2", run_id="late-1")
+    page.wait_for_selector(".fields[data-state=completed]", timeout=WAIT)
+    assert "No run with id" not in page.inner_text("main")
+    assert page.url == f"{env.console}/runs/late-1"

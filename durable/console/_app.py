@@ -121,14 +121,18 @@ class Console:
                                 approval_view(run, entries, signals), signals, pause)
 
     async def runs(self, query: render.ListQuery, before: str | None
-                   ) -> tuple[list[Run], dict[str, int], str | None]:
+                   ) -> tuple[list[Run], dict[str, int] | None, str | None]:
+        """A page of the list, the counts per state of what the filters select (None with
+        an id prefix: not counted, docs/list-queries.md) and the next page's cursor."""
         cursor = _parse_cursor(before)
+        since, until = _parse_time(query.since, "since"), _parse_time(query.until, "until")
         runs = await self.client.list(
             state=query.state or None, workflow=query.workflow or None, key=query.key or None,
-            limit=query.limit + 1, before=cursor, created_from=_parse_time(query.since, "since"),
-            created_to=_parse_time(query.until, "until"), id_prefix=query.q or None)
-        counts = await self.client.counts(workflow=query.workflow or None,
-                                          key=query.key or None)
+            limit=query.limit + 1, before=cursor, created_from=since, created_to=until,
+            id_prefix=query.q or None)
+        counts = None if query.q else await self.client.counts(
+            workflow=query.workflow or None, key=query.key or None, created_from=since,
+            created_to=until)
         more = len(runs) > query.limit
         runs = runs[:query.limit]
         next_cursor = f"{runs[-1].created_at!r}:{runs[-1].id}" if more and runs else None
@@ -490,17 +494,19 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         runs, counts, cursor = await console.runs(query, before)
         return html(request, render.runs_page(query, runs, counts, cursor,
                                               console.chrome(request), before=before,
-                                              paused=await console.client.paused()))
+                                              paused=await console.client.paused(),
+                                              now=await console.client.store.now()))
 
     async def runs_live(request: Request) -> Response:
         query = _list_query(request)
         runs, counts, cursor = await console.runs(query, request.query_params.get("before"))
         return HTMLResponse(render.runs_fragment(query, runs, counts, cursor,
-                                                 await console.client.paused()))
+                                                 await console.client.paused(),
+                                                 await console.client.store.now()))
 
     async def run_get(request: Request) -> Response:
         run_id, live = _run_target(request, ("live",))
-        return await (run_live(run_id) if live else run_page(request, run_id))
+        return await (run_live(request, run_id) if live else run_page(request, run_id))
 
     async def run_page(request: Request, run_id: str) -> Response:
         detail = await console.detail(run_id)
@@ -516,7 +522,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
             response.delete_cookie(FLASH_COOKIE, path="/", httponly=True, samesite="strict")
         return response
 
-    async def run_live(run_id: str) -> Response:
+    async def run_live(request: Request, run_id: str) -> Response:
         detail = await console.detail(run_id)
         if detail is None:
             pruned = await console.client.pruned(run_id)
@@ -525,7 +531,9 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                                     headers={FINAL_HEADER: "1"})
             return HTMLResponse("<p>cannot confirm: no such run</p>", 404)
         headers = {FINAL_HEADER: "1"} if detail.run.state.finished else {}
-        return HTMLResponse(render.run_fragment(detail), headers=headers)
+        # the actions come with it (their forms carry this browser's CSRF value)
+        return html(request, render.run_fragment(detail, console.chrome(request)),
+                    headers=headers)
 
     async def status_page(request: Request) -> Response:
         p = request.query_params

@@ -8,6 +8,7 @@ inline script or style (the Content-Security-Policy forbids them): behaviour com
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import secrets
@@ -25,14 +26,16 @@ from .._report import (
     RecoveryReport,
     _current_epoch,
     duration,
+    list_note,
     overdue_phrase,
     paused_phrase,
     run_path,
+    timeline_rows,
     utc,
     waiting_phrase,
 )
 from .._retention import PrunedRun
-from .._types import EntryKind, JournalEntry, PausedWorkflow, Record, Run, RunState, Signal
+from .._types import JSON, EntryKind, JournalEntry, PausedWorkflow, Record, Run, RunState, Signal
 
 STATES = [s.value for s in RunState]
 
@@ -64,7 +67,9 @@ def countdown(ts: float) -> str:
 
 
 def badge(state: str) -> str:
-    label = {"in_doubt": "in doubt", "started": "in flight"}.get(state, state)
+    """A state's badge: its words for people (``to run``, ``timed out``), never the enum's
+    name; the class keeps the name."""
+    label = {"started": "in flight"}.get(state, state.replace("_", " "))
     return f'<span class="badge state-{attr(state)}">{attr(label)}</span>'
 
 
@@ -130,15 +135,15 @@ class ListQuery:
         return urlencode(values)
 
 
-def runs_page(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int],
+def runs_page(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int] | None,
               next_cursor: str | None, chrome: Chrome, *, before: str | None,
-              paused: Sequence[PausedWorkflow] = ()) -> str:
+              paused: Sequence[PausedWorkflow] = (), now: float = 0.0) -> str:
     """The runs list; its table refreshes itself in place (the same page: ``before`` kept)."""
     live = "/live/runs?" + query.params(before=before)  # not under /runs/: any id is a run's
     body = f"""<h1>Runs</h1>
 {filters_form(query)}
 <section class="live" data-poll="{attr(live)}" data-poll-interval="2000" data-poll-name="runs">
-{runs_fragment(query, runs, counts, next_cursor, paused)}
+{runs_fragment(query, runs, counts, next_cursor, paused, now)}
 </section>"""
     return page("Runs", body, chrome)
 
@@ -159,16 +164,27 @@ def filters_form(query: ListQuery) -> str:
 </form>"""
 
 
-def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int],
-                  next_cursor: str | None, paused: Sequence[PausedWorkflow] = ()) -> str:
+def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int] | None,
+                  next_cursor: str | None, paused: Sequence[PausedWorkflow] = (),
+                  now: float = 0.0) -> str:
+    """The list's counts, table and pager. ``counts`` None: not counted (an id prefix),
+    and the chips say so rather than show the counts of runs the list does not select."""
     held = {p.workflow for p in paused}
-    total = sum(counts.values())
     every_state = attrs.evolve(query, state=None).params()
-    chips = [f'<a class="count" href="/runs?{attr(every_state)}">all <b>{total}</b></a>']
+
+    def number(n: int) -> str:
+        return "" if counts is None else f" <b>{n}</b>"
+
+    total = 0 if counts is None else sum(counts.values())
+    chips = [f'<a class="count" href="/runs?{attr(every_state)}">all{number(total)}</a>']
     for state in STATES:
         href = attrs.evolve(query, state=state).params()
         chips.append(f'<a class="count state-{state}" href="/runs?{attr(href)}">'
-                     f"{state} <b>{counts.get(state, 0)}</b></a>")
+                     f"{state}{number(0 if counts is None else counts.get(state, 0))}</a>")
+    if counts is None:
+        chips.append('<span class="counts-note">not counted by id prefix: a prefix can '
+                     "span every run, and counting it would read them all at each "
+                     "refresh</span>")
     rows = []
     for run in runs:
         rows.append(
@@ -177,9 +193,9 @@ def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, in
             f"<td>{text(run.workflow)}</td><td>{text(run.key or '-')}</td>"
             f"<td>{badge(run.state.value)}{_held(run, held)}</td><td>{run.attempt}</td>"
             f"<td>{when(run.created_at)}</td><td>{when(run.updated_at)}</td>"
-            f'<td class="error">{text(_first_line(run.error))}</td></tr>')
+            f'<td class="detail">{text(_first_line(list_note(run, now)))}</td></tr>')
     table = ("<table class=\"runs\"><thead><tr><th>id</th><th>workflow</th><th>key</th>"
-             "<th>state</th><th>attempt</th><th>created</th><th>updated</th><th>error</th>"
+             "<th>state</th><th>attempt</th><th>created</th><th>updated</th><th>detail</th>"
              "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
              if rows else '<p class="empty">No runs match.</p>')
     more = (f'<p class="pager"><a rel="next" href="/runs?{attr(query.params(before=next_cursor))}">'
@@ -243,15 +259,22 @@ def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
  data-poll-name="run">
 {run_fragment(detail)}
 </section>
-{actions(detail, chrome)}"""
+<div id="actions" data-key="{actions_key(detail, chrome)}">{actions(detail, chrome)}</div>"""
     return page(f"{run.workflow} {run.id}", body, chrome, flash=flash)
 
 
-def run_fragment(detail: RunDetail) -> str:
+def run_fragment(detail: RunDetail, chrome: Chrome | None = None) -> str:
+    """The run's live view. With ``chrome`` (the live fragment), the actions its state
+    allows now, in a template the page swaps into ``#actions`` only when their key
+    changes: forms re-rendered at every poll would wipe what the operator is typing, and
+    forms never re-rendered offered a cancel of a run that had completed (console.js)."""
+    swap = "" if chrome is None else (
+        f'<template data-update="actions" data-key="{actions_key(detail, chrome)}">'
+        f"{actions(detail, chrome)}</template>")
     return (header(detail) + approval_block(detail) + progress_bar(detail.progress)
             + report_block(detail) + steps_block(detail) + signals_block(detail)
             + attempts_block(detail)
-            + records_block(detail) + journal_block(detail))
+            + records_block(detail) + journal_block(detail) + swap)
 
 
 def header(d: RunDetail) -> str:
@@ -265,7 +288,7 @@ def header(d: RunDetail) -> str:
     delayed = ""
     waiting = waiting_phrase(run, d.entries)  # released to wait (durable waiting)
     if waiting:
-        delayed = (f'<p class="delayed-start">Waiting {text(waiting)}; it holds no lease and '
+        delayed = (f'<p class="delayed-start">Waiting: {text(waiting)}; it holds no lease and '
                    "can be cancelled meanwhile.</p>")
     elif run.state is RunState.QUEUED and run.run_at > d.now:
         delayed = (f'<p class="delayed-start">Starts {countdown(run.run_at)} '
@@ -330,9 +353,8 @@ def approval_block(d: RunDetail) -> str:
                    f"<th>as read from the service</th></tr>{rows}</table>")
     if gate.decision == "waiting":
         status = ('<p class="decision waiting">Waiting for approval: nothing is done until an '
-                  "operator approves (the forms below; reload the page if they are not there "
-                  "yet). The plan is read again right before acting; if anything changed, the "
-                  "run stops and deletes nothing.</p>"
+                  "operator approves (the forms below). The plan is read again right before "
+                  "acting; if anything changed, the run stops and deletes nothing.</p>"
                   if not d.run.state.finished else
                   '<p class="decision none">The run ended before a decision.</p>')
     else:
@@ -407,8 +429,12 @@ def steps_block(d: RunDetail) -> str:
     for e in d.entries:
         if e.step is not None:
             by_step.setdefault(e.step, []).append(e)
-    items = [step_item(step, by_step.get(step.number, []), current, d.run)
-             for step in history.ordered()]
+    last: dict[int, dict[str, JSON]] = {}  # each step's last row in show's timeline
+    for row in timeline_rows(d.run, d.entries):
+        if "event" not in row and isinstance(row["step"], int):
+            last[row["step"]] = row
+    items = [step_item(step, by_step.get(step.number, []), current, d.run,
+                       last.get(step.number)) for step in history.ordered()]
     if not items:
         return ('<section class="steps"><h2>Steps</h2><p class="empty">No steps yet.</p>'
                 "</section>")
@@ -416,16 +442,26 @@ def steps_block(d: RunDetail) -> str:
             "</section>")
 
 
-def _step_state(step: StepView, current: int) -> str:
+def _waited(step: StepView, row: Mapping[str, JSON] | None) -> bool:
+    """A durable sleep or wait the step holds now (a replay that runs it again clears it):
+    said as ``show``'s timeline says it (sleeping, waiting, received, timed out)."""
+    return row is not None and (step.wake_at is not None or step.wait_started)
+
+
+def _step_state(step: StepView, current: int, row: Mapping[str, JSON] | None = None) -> str:
     if step.in_doubt(current):
         return "in_doubt"
+    if _waited(step, row):
+        assert row is not None
+        return str(row["state"])
     if step.state is None:
         return "to_run"
     return step.state.value
 
 
-def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run: Run) -> str:
-    state = _step_state(step, current)
+def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run: Run,
+              row: Mapping[str, JSON] | None = None) -> str:
+    state = _step_state(step, current, row)
     took = ""
     if (step.started_at is not None and step.ended_at is not None and state != "in_doubt"
             and not step.name.startswith("durable.")):
@@ -440,6 +476,10 @@ def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run
              f'<small>key {text(step.key)} · {what}{took}{accepted}</small>']
     if step.summary is not None:
         lines.append(f'<div class="summary">{text(step.summary)}</div>')
+    elif _waited(step, row):
+        assert row is not None
+        note = f" ({row['note']})" if row.get("note") else ""
+        lines.append(f'<div class="summary">{text(row["summary"])}{text(note)}</div>')
     if step.error and state != "completed":
         lines.append(f'<pre class="error">{text(step.error)}</pre>')
     if state == "in_doubt":
@@ -557,7 +597,13 @@ def journal_block(d: RunDetail) -> str:
             f"<th>name</th><th>try</th><th>data</th></tr>{rows}</table></details>")
 
 
-def actions(d: RunDetail, chrome: Chrome) -> str:
+def actions_key(d: RunDetail, chrome: Chrome) -> str:
+    """What the actions offer, as a digest of their markup (the signal id left out: it is
+    fresh at each render): the page swaps its forms only when this changes."""
+    return hashlib.sha256(actions(d, chrome, signal_id="").encode()).hexdigest()[:16]
+
+
+def actions(d: RunDetail, chrome: Chrome, *, signal_id: str | None = None) -> str:
     run = d.run
     if chrome.read_only:
         return ('<section class="actions read-only"><h2>Actions</h2><p>This console is '
@@ -581,7 +627,7 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
                      '<label>reason <input name="reason" maxlength="300"></label>'
                      f'{token}<button type="submit" class="danger">reject plan</button></form>')
     if not run.state.finished:
-        forms.append(signal_form(d, csrf, token))
+        forms.append(signal_form(d, csrf, token, signal_id))
         forms.append(f'<form class="action cancel" method="post" '
                      f'action="{attr(run_path(run.id))}/cancel">{csrf}{token}'
                      '<button type="submit" class="danger">cancel run</button></form>')
@@ -622,14 +668,15 @@ def actions(d: RunDetail, chrome: Chrome) -> str:
     return f'<section class="actions"><h2>Actions</h2>{"".join(forms)}</section>'
 
 
-def signal_form(d: RunDetail, csrf: str, token: str) -> str:
+def signal_form(d: RunDetail, csrf: str, token: str, signal_id: str | None = None) -> str:
     """Send a signal to a queued or running run: its name (what the run waits for, when it
     waits), a JSON payload, and a signal id made fresh for each render, so a resubmit of this
     form (a double click, the browser's back and again) records one signal."""
     run = d.run
     # a plan's approve goes through its own form (it names the plan it approves)
     name = "" if awaiting_approval(d) else run.waiting_for or ""
-    signal_id = "console-" + secrets.token_urlsafe(12)
+    if signal_id is None:
+        signal_id = "console-" + secrets.token_urlsafe(12)
     waits = ('<p class="hint"><b>Send a signal</b> (what a <code>ctx.wait_for</code> of the run '
              "receives)" + (f"; it waits for <code>{text(name)}</code> now" if name else "")
              + ".</p>")
@@ -649,11 +696,11 @@ def not_found_page(run_id: str, chrome: Chrome) -> str:
     body = f"""<p class="crumbs"><a href="/runs">runs</a> / {text(run_id)}</p>
 <h1>Run {text(run_id)}</h1>
 <p class="unknown-run">Status: <span class="status" data-status="{attr(status_url)}"
- data-poll-interval="2000" data-state="unknown">cannot confirm</span></p>
+ data-poll-interval="2000" data-state="unknown" data-found="reload">cannot confirm</span></p>
 <p>No run with id <code>{text(run_id)}</code> is in this console's database
 (<code>{text(chrome.db)}</code>). This does <b>not</b> mean the work is done: the id may be
 mistyped, the run may live in another database, or it may not have been started yet. This
-page keeps looking.</p>"""
+page keeps looking, and becomes the run's page once the run is there.</p>"""
     return page(f"run {run_id}", body, chrome)
 
 

@@ -9,6 +9,11 @@
 // data-poll-name, data-poll-paused="1" (never polled); [data-countdown], [data-ago] (epoch
 // seconds); #step-N targets. Pollers inside a re-rendered fragment are attached and dropped
 // with it. The server answers 2xx (an unknown status too) and may send X-Durable-Final: 1.
+// A fragment's <template data-update="ID" data-key="K"> replaces the content of #ID only
+// when K differs from #ID's data-key (a run's action forms: swapped when the run's state
+// changes what they offer, kept, with what is typed in them, at every other poll). A status
+// element with data-found="reload" reloads the page once the status is known (a run's page
+// opened before the run existed becomes the run's page).
 (function () {
   "use strict";
 
@@ -122,6 +127,7 @@
         }
         const html = await resp.text();
         this.el.innerHTML = html;
+        applyUpdates(this.el);
         api.renders += 1;
         return resp.headers.get("X-Durable-Final") === "1";
       } catch (err) {
@@ -133,6 +139,13 @@
 
     renderStatus(data) {
       const known = Object.prototype.hasOwnProperty.call(STATUS_TEXT, data.status);
+      if (known && this.el.getAttribute("data-found") === "reload") {
+        // found: the server now renders its page; never "queued" above "no such run"
+        this.stop();
+        this.showStatus("unknown", "found; opening its page", "");
+        location.reload();
+        return;
+      }
       this.showStatus(known ? data.status : "unknown",
         known ? STATUS_TEXT[data.status] : "cannot confirm",
         known ? "" : (data.reason ? String(data.reason) : "the console cannot find this run"));
@@ -176,6 +189,18 @@
       const base = Math.min(MAX_BACKOFF_MS, this.interval * Math.pow(2, this.failures));
       return Math.min(MAX_BACKOFF_MS, base * (0.8 + 0.4 * Math.random()));
     }
+  }
+
+  // Swap in a fragment's templates whose key changed (see the header): one replaceChildren,
+  // so a target's content is either kept as it is or rendered anew.
+  function applyUpdates(root) {
+    root.querySelectorAll("template[data-update]").forEach((tpl) => {
+      const target = document.getElementById(tpl.getAttribute("data-update"));
+      const key = tpl.getAttribute("data-key");
+      if (!target || target.getAttribute("data-key") === key) return;
+      target.replaceChildren(tpl.content.cloneNode(true));
+      target.setAttribute("data-key", key);
+    });
   }
 
   // Attach a poller to every data-poll / data-status element not yet attached, and drop the
