@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._errors import ConfigError, DurableError, InvalidStateError, SignalTimeout
+from ._errors import (
+    ConfigError,
+    DurableError,
+    InvalidStateError,
+    RunConflictError,
+    SignalTimeout,
+)
 from ._types import JSON, EntryKind, JournalEntry, Run, RunState, Signal
 
 if TYPE_CHECKING:
@@ -113,7 +119,8 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
     is finished. ``approve`` is the signal the run waits for. ``reject`` is recorded as a
     signal (who and why, journaled), then the run is cancelled (``origin`` journaled with the
     cancel too): it ends ``cancelled`` without doing anything. Answers whether a new signal
-    was recorded (False: ``id`` was already used for this run).
+    was recorded (False: ``id`` was already used for this run, for this very decision); a
+    decision sent meanwhile under ``id`` with another note is refused as already made.
     """
     if name not in (APPROVE, REJECT):
         raise ConfigError(f"a decision is {APPROVE!r} or {REJECT!r}, not {name!r}")
@@ -130,7 +137,15 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
     if payload is not None and not isinstance(payload, Mapping):
         raise ConfigError("a decision's payload is a JSON object ({\"note\": ...})")
     named = {**(payload or {}), "plan": plan_digest(gate.plan)}  # approves exactly this plan
-    sent = await client.signal(run_id, name, named, id=id, origin=origin)
+    try:
+        sent = await client.signal(run_id, name, named, id=id, origin=origin)
+    except RunConflictError:  # the id's decision, sent meanwhile (two tabs), is the one made
+        gate = approval_view(run, await client.journal(run_id),
+                             await client.store.list_signals(run_id))
+        if gate is None or gate.decision == "waiting":
+            raise
+        raise InvalidStateError(
+            f"{run_id}: its plan was already {gate.decision} by {gate.by}") from None
     if name == REJECT:
         await client.cancel(run_id, origin=origin)
     return sent

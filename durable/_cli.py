@@ -433,8 +433,8 @@ async def _cmd_signal(args: argparse.Namespace) -> int:
     if recorded:
         print(f"{args.id}: signal {args.name!r} recorded")
     else:
-        print(f"{args.id}: signal id {args.signal_id!r} was already recorded; nothing new "
-              "written")
+        print(f"{args.id}: signal id {args.signal_id!r} was already recorded with this name "
+              "and payload; nothing new written")
     return 0
 
 
@@ -975,8 +975,9 @@ def build_parser() -> _Parser:
                    help="the payload, a JSON value (quote strings: \'\"yes\"\'; "
                         "default: null)")
     p.add_argument("--id", dest="signal_id", metavar="SIGNAL_ID",
-                   help="an id for this signal: sending the same id again records nothing "
-                        "(default: none, every send is a new signal)")
+                   help="an id for this signal: sending it again with the same name and "
+                        "payload records nothing, with another is refused (default: none, "
+                        "every send is a new signal)")
     p.set_defaults(func=_cmd_signal)
 
     p = sub.add_parser("pause", help="pause a workflow: no attempt of it starts until resumed",

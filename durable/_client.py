@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import json
 import logging
 import math
 import uuid
@@ -27,9 +28,9 @@ from ._errors import (
 )
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
-from ._logging import Repeats, get_logger
+from ._logging import Repeats, get_logger, redact
 from ._registry import BoundWorkflow, Registry, Workflow, default_registry
-from ._report import RecoveryReport
+from ._report import RecoveryReport, clip
 from ._resend import answered
 from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
@@ -41,6 +42,7 @@ from ._types import (
     PausedWorkflow,
     Run,
     RunState,
+    Signal,
     SignalSent,
     StepState,
     check_key,
@@ -467,7 +469,9 @@ class Client:
         sent before the workflow waits is kept). A run waiting for it is due at once.
 
         ``id`` makes the send idempotent: True if the signal was recorded now, False if a
-        signal with that id was already recorded for the run (a double click is one signal).
+        signal with that id, name and payload was already recorded for the run (a double
+        click is one signal). An id recorded for another name or payload raises
+        :class:`RunConflictError` and writes nothing, as :meth:`start` does for a run id.
         Without one, the client chooses an id (``signal-`` and a random hex), so a send
         whose answer is lost is sent again and recorded once (``signal_outcome_unknown``;
         if that one is unanswered too, the error names the id to send it again with).
@@ -497,6 +501,8 @@ class Client:
         if sent.seq is None and sent.state.finished:
             raise InvalidStateError(
                 f"run {run_id} is already {sent.state.value}; a signal can no longer reach it")
+        if sent.seq is None:  # the id was recorded before: for this very signal, or refused
+            await self._same_signal(run_id, name, payload, signal_id)
         if sent.seq is not None:
             _wake.hub(self.store).work()  # a run made due: this process's workers claim it
         self.log.info("signal_sent", workflow_id=run_id, signal=name, seq=sent.seq,
@@ -512,10 +518,23 @@ class Client:
         sent = await self.store.send_signal(run_id, name, payload, signal_id, by)
         if sent.seq is None and sent.state is not None:
             for found in await self.store.list_signals(run_id):
-                if found.signal_id == signal_id and (chosen_here or (
-                        found.name == name and found.payload == payload)):
+                if found.signal_id == signal_id and (
+                        chosen_here or same_signal(found, name, payload)):
                     return SignalSent(sent.state, found.seq)
         return sent
+
+    async def _same_signal(self, run_id: str, name: str, payload: JSON,
+                           signal_id: str) -> None:
+        """The signal recorded under ``signal_id`` is this one (its name and payload), or
+        :class:`RunConflictError`: a second send under an id is a re-send of the first,
+        never a new signal silently dropped."""
+        for found in await self.store.list_signals(run_id):
+            if found.signal_id == signal_id and not same_signal(found, name, payload):
+                raise RunConflictError(
+                    f"signal id {signal_id!r} of run {run_id} was already used for signal "
+                    f"{found.name!r} with payload {_shown(found.payload)} (asked for: "
+                    f"{name!r} with {_shown(payload)}); nothing was written; to send "
+                    "another signal, choose another id")
 
     async def replay(self, run_id: str, from_step: int | None = None,
                      in_doubt: InDoubt | None = None, *,
@@ -779,6 +798,22 @@ def _origin(origin: Mapping[str, JSON] | None) -> dict[str, JSON] | None:
     value = dict(origin)
     dumps(value, "origin")
     return value
+
+
+def same_signal(found: Signal, name: str, payload: JSON) -> bool:
+    """``found`` has this name and payload, compared as JSON text (``1`` is not ``true``
+    nor ``1.0``; an object's keys in any order)."""
+    return found.name == name and (json.dumps(found.payload, sort_keys=True)
+                                   == json.dumps(payload, sort_keys=True))
+
+
+SHOWN_JSON = 120
+"""Characters of a payload a message shows (a payload may be long; the journal has it all)."""
+
+
+def _shown(value: JSON) -> str:
+    """Redacted before it is cut: a cut could leave a secret's prefix no pattern knows."""
+    return clip(redact(json.dumps(value, ensure_ascii=False)), SHOWN_JSON)
 
 
 def _key_text(key: str | None) -> str:

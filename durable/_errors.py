@@ -6,7 +6,8 @@ The tree::
     ├── ConfigError                   bad configuration or arguments from the user
     │   ├── UnknownWorkflowError      no workflow is registered under that name
     │   ├── NotJsonError              arguments or results that are not JSON values
-    │   └── RunConflictError          an id reused for another workflow or other arguments
+    │   └── RunConflictError          an id reused: a run's for another workflow or other
+    │                                 arguments, a signal's for another name or payload
     ├── StoreError                    the store could not do what was asked
     │   ├── StoreUnavailableError     the database cannot be opened or reached
     │   │   └── NotSentError          ... before the statement was sent: nothing was written
@@ -52,7 +53,8 @@ class NotJsonError(ConfigError):
 
 
 class RunConflictError(ConfigError):
-    """A run id was reused for a different workflow or different arguments."""
+    """An id was reused for something else: a run id for a different workflow, different
+    arguments or another key; a signal id for another signal name or payload."""
 
 
 class StoreError(DurableError):

@@ -462,9 +462,12 @@ class Torture:
                                     origin={"via": "torture"})
                 self.counts[f"{name}s"] += 1
                 if name == "approve" and self.gate_rng.random() < 0.3:
-                    # a double click that got past the form: the same signal id again, raw
-                    # (send_decision itself refuses a plan already approved)
-                    if await client.signal(run_id, name, None, id=signal_id):
+                    # a double click that got past the form: the same signal again, raw
+                    # (send_decision itself refuses a plan already approved; an id sent
+                    # with another payload is refused: RunConflictError)
+                    [sent] = [s for s in await client.store.list_signals(run_id)
+                              if s.signal_id == signal_id]
+                    if await client.signal(run_id, name, sent.payload, id=signal_id):
                         self.doubled.append(f"{run_id}: signal {signal_id} recorded twice")
                     self.counts["approvals sent twice, recorded once"] += 1
             except durable.StoreError:

@@ -9,6 +9,7 @@ who approved (the signal's origin, journaled).
 from __future__ import annotations
 
 import anyio
+import httpx
 import pytest
 
 import durable
@@ -120,11 +121,15 @@ async def test_a_run_without_a_plan_has_no_approve_action(
         assert refused.status_code == 409 and "no plan" in refused.json()["error"]
 
 
+@pytest.mark.parametrize("notes", [("go", "go"), ("go", "wait for the backup")])
 async def test_two_approve_clicks_at_once_are_one_decision(
-        client: durable.Client, gated_registry: durable.Registry) -> None:
+        client: durable.Client, gated_registry: durable.Registry,
+        notes: tuple[str, str]) -> None:
     """Two approvals of the same plan sent at once from the console (a double click, two
     tabs) both find the plan waiting; the console's decision id makes them one signal, so
-    no spare approval is left behind for a plan asked again later."""
+    no spare approval is left behind for a plan asked again later. With another note, the
+    second is refused as already decided (409, the first's sender named), not as a clash
+    of signal ids (before the ids were checked: "plan approved", its note dropped)."""
     await client.start("t.approved", "db-44", id="gate-4")
     async with running_worker(client, gated_registry):
         await _waiting(client, "gate-4")
@@ -142,22 +147,31 @@ async def test_two_approve_clicks_at_once_are_one_decision(
             await both.wait()  # each has seen the plan waiting before either sends
         return found
 
+    answers: list[tuple[str, httpx.Response]] = []
     async with console(client, token=TOKEN) as http:
-        async def approve() -> None:
-            answer = await http.post("/api/runs/gate-4/approve", json={"note": "go"},
-                                     headers={"Authorization": f"Bearer {TOKEN}"})
-            assert answer.status_code == 200, answer.text
+        async def approve(note: str) -> None:
+            answers.append((note, await http.post(
+                "/api/runs/gate-4/approve", json={"note": note},
+                headers={"Authorization": f"Bearer {TOKEN}"})))
 
         store.list_signals = list_signals  # type: ignore[method-assign]
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(approve)
-                tg.start_soon(approve)
+                for note in notes:
+                    tg.start_soon(approve, note)
         finally:
             del store.list_signals  # type: ignore[method-assign]
-    assert arrived == ["gate-4", "gate-4"]
+    assert arrived[:2] == ["gate-4", "gate-4"]  # (then the re-send's look at its id)
     approvals = [s for s in await store.list_signals("gate-4") if s.name == "approve"]
     assert len(approvals) == 1 and approvals[0].signal_id == "console-approve"
+    codes = {(note == approvals[0].payload["note"], answer.status_code)
+             for note, answer in answers}
+    assert codes == ({(True, 200)} if notes[0] == notes[1] else {(True, 200), (False, 409)})
+    if notes[0] == notes[1]:
+        return
+    [refused] = [answer for _, answer in answers if answer.status_code == 409]
+    assert refused.json()["error"] == "gate-4: its plan was already approved by 127.0.0.1 " \
+        "(console)", refused.text
 
 
 async def test_a_rejected_plan_is_replayed_from_the_console_by_planning_again(

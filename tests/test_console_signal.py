@@ -147,6 +147,24 @@ async def test_a_resubmitted_form_is_one_signal(
         assert len(await client.store.list_signals("sig-4")) == 2
 
 
+async def test_a_signal_id_sent_again_with_another_payload_is_refused_409(
+        client: durable.Client, waiting_registry: durable.Registry) -> None:
+    await client.start("t.waits", id="sig-7", delay=3600)
+    async with console(client, token=TOKEN) as http:
+        first = await http.post("/api/runs/sig-7/signal", headers=BEARER,
+                                json={"name": "go", "payload": [1], "id": "s1"})
+        assert first.status_code == 200 and first.json()["recorded"] is True, first.text
+        same = await http.post("/api/runs/sig-7/signal", headers=BEARER,
+                               json={"name": "go", "payload": [1], "id": "s1"})
+        assert same.status_code == 200 and same.json()["recorded"] is False, same.text
+        other = await http.post("/api/runs/sig-7/signal", headers=BEARER,
+                                json={"name": "go", "payload": [2], "id": "s1"})
+        assert other.status_code == 409, other.text
+        assert "signal id 's1' of run sig-7 was already used for signal 'go' with payload " \
+            "[1] (asked for: 'go' with [2])" in other.json()["error"]
+    assert [s.payload for s in await client.store.list_signals("sig-7")] == [[1]]
+
+
 async def test_a_payload_that_is_not_json_is_refused_and_nothing_is_sent(
         client: durable.Client, waiting_registry: durable.Registry) -> None:
     await client.start("t.waits", id="sig-5", delay=3600)

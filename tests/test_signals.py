@@ -137,7 +137,7 @@ async def test_one_signal_id_twice_is_one_signal(
         await client.start("s.twice", id="twice")
         await waiting(client, "twice", "go")
         assert await client.signal("twice", "go", "first", id="click-1") is True
-        assert await client.signal("twice", "go", "again", id="click-1") is False
+        assert await client.signal("twice", "go", "first", id="click-1") is False
         run = await waiting(client, "twice", "go", attempt=2)  # the second wait: nothing
         assert run.run_at == pytest.approx(clock.now() + 30)
         clock.advance(30)
@@ -145,6 +145,35 @@ async def test_one_signal_id_twice_is_one_signal(
     assert done.result == ["first", "timeout: go after 30 s"] and ran == ["after"]
     assert [s.signal_id for s in await client.store.list_signals("twice")] == ["click-1"]
     assert kinds(await client.store.journal("twice")).count("signal_sent") == 1
+
+
+async def test_a_signal_id_reused_for_another_name_or_payload_is_refused(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """A signal id names one signal, as a run id names one run: sent again with the same
+    name and payload it is the same signal (nothing new, False); with another name or
+    payload it is refused in one line naming the id and both, and nothing is written
+    (before: it said "already recorded" and dropped the new payload). Payloads compare as
+    JSON: ``true`` is not ``1``, an object's key order does not matter."""
+    declare(registry)
+    await client.start("s.one", id="one", delay=3600)
+    assert await client.signal("one", "approve", {"a": 1, "ok": True}, id="A") is True
+    assert await client.signal("one", "approve", {"ok": True, "a": 1}, id="A") is False
+    journal = await client.store.journal("one")
+    for name, payload in (("approve", {"a": 1, "ok": 1}), ("approve", {"a": 2, "ok": True}),
+                          ("reject", {"a": 1, "ok": True}), ("approve", None)):
+        with pytest.raises(durable.RunConflictError) as refused:
+            await client.signal("one", name, payload, id="A")
+        said = str(refused.value)
+        assert "\n" not in said and "signal id 'A' of run one was already used for signal " \
+            "'approve' with payload {\"a\": 1, \"ok\": true} (asked for: " \
+            f"{name!r} with {json.dumps(payload)})" in said, said
+    assert [(s.signal_id, s.payload) for s in await client.store.list_signals("one")] == [
+        ("A", {"a": 1, "ok": True})]
+    assert await client.store.journal("one") == journal  # nothing written
+    long = {"pad": "x" * 1000}  # a payload is cut in the message, never in the journal
+    with pytest.raises(durable.RunConflictError) as refused:
+        await client.signal("one", "approve", long, id="A")
+    assert len(str(refused.value)) < 500 and "xxx…" in str(refused.value)
 
 
 async def test_a_signal_sent_while_no_worker_runs_is_received_after_a_restart(
@@ -292,6 +321,30 @@ async def test_cli_signal_mistakes_are_one_line_and_write_nothing(
         assert "signal_sent" not in kinds(await client.store.journal("gate"))
     shown = await anyio.to_thread.run_sync(lambda: cli(db_url, "show", "gate", "--json"))
     assert json.loads(shown.stdout)["run"]["waiting_for"] is None
+
+
+async def test_cli_signal_id_reused_for_another_payload_is_one_line_and_writes_nothing(
+        db_url: str) -> None:
+    async with durable.Client.connect(db_url) as client:
+        await client.start("s.one", id="w3", delay=3600)
+    sent = cli(db_url, "signal", "w3", "other", '"x"', "--id", "A")
+    assert sent.returncode == 0 and "signal 'other' recorded" in sent.stdout, sent.stderr
+    again = cli(db_url, "signal", "w3", "other", '"x"', "--id", "A")  # a re-send
+    assert again.returncode == 0 and "already recorded" in again.stdout, again.stderr
+    for args in (("other", '"y"'), ("another", '"x"')):
+        refused = cli(db_url, "signal", "w3", *args, "--id", "A")
+        assert refused.returncode == 2 and refused.stdout == "", refused
+        assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+        assert "signal id 'A' of run w3 was already used for signal 'other' with payload " \
+            f"\"x\" (asked for: {args[0]!r} with {args[1]}); nothing was written" \
+            in refused.stderr, refused.stderr
+    secret = cli(db_url, "signal", "w3", "other",
+                 json.dumps({"auth": "Bearer sk-live-0123456789abcdef"}), "--id", "A")
+    assert secret.returncode == 2 and "0123456789abcdef" not in secret.stderr
+    async with durable.Client.connect(db_url) as client:
+        assert [(s.name, s.payload) for s in await client.store.list_signals("w3")] == [
+            ("other", "x")]
+        assert kinds(await client.store.journal("w3")).count("signal_sent") == 1
 
 
 async def test_list_show_and_json_say_what_a_run_waits_for(

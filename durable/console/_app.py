@@ -42,7 +42,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._approval import APPROVE, PlanClosedError, approval_view, send_decision
 from .._client import Client
-from .._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
+from .._errors import (
+    ConfigError,
+    DurableError,
+    InvalidStateError,
+    RunConflictError,
+    RunNotFoundError,
+)
 from .._hosts import foreign_name, loopback
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
@@ -466,6 +472,8 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                 return await handler(request)
             except BadRequest as exc:
                 return problem(request, str(exc), 400)
+            except RunConflictError as exc:  # an id already used for something else
+                return problem(request, redact(str(exc)), 409)
             except ConfigError as exc:
                 return problem(request, redact(str(exc)), 400)
             except PermissionError as exc:
