@@ -447,7 +447,8 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
             run = await client.replay(args.id, from_step=args.from_step, in_doubt=policy,
                                       origin=_cli_origin())
         except ConfigError as exc:
-            raise ConfigError(str(exc).replace("from_step", "--from-step")) from exc
+            raise ConfigError(str(exc).replace("from_step", "--from-step").replace(
+                "in_doubt='accept'", "--accept-in-doubt")) from exc
     print(describe_replay(run.id, entries, args.from_step, policy))
     return 0
 

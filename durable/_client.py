@@ -544,7 +544,11 @@ class Client:
         Completed steps return their journaled results; execution goes on live from the first
         step without one. ``from_step=N`` runs step N and later again. ``in_doubt`` resolves
         steps whose outcome is unknown: ``"rerun"`` runs them again, ``"accept"`` counts them
-        as done. Nothing is deleted: the journal keeps every earlier attempt.
+        as done. Nothing is deleted: the journal keeps every earlier attempt. ``from_step``
+        runs the steps in doubt from N on again whatever ``in_doubt`` says, so
+        ``"accept"`` with a ``from_step`` at or before a step in doubt is refused
+        (:class:`ConfigError`, nothing written): an operator who accepted a step as done
+        must not see it run again.
 
         A run whose plan was rejected, or whose wait for a decision on it timed out
         (:func:`durable.approval_gate`), is refused (:class:`InvalidStateError`, nothing
@@ -565,6 +569,13 @@ class Client:
         entries = await self.store.journal(run_id)
         if from_step is not None:  # refused before anything is written
             check_step(run_id, entries, from_step, "from_step")
+            again = [n for n in in_doubt_steps(entries) if n >= from_step]
+            if again and in_doubt == "accept":
+                raise ConfigError(
+                    f"run {run_id}: {_steps_text(again)} in doubt, and from_step {from_step} "
+                    f"runs {'it' if len(again) == 1 else 'them'} again, where "
+                    "in_doubt='accept' asks to count in-doubt steps as done; nothing was "
+                    "written: leave out one or the other")
         closed = closed_plan(run, entries, from_step)
         if closed is not None:  # it could never act: say how to ask anew
             raise PlanClosedError(closed)
@@ -842,6 +853,13 @@ def check_step(run_id: str, entries: builtins.list[JournalEntry], step: int,
                       f"{_steps_text(numbers)}; {option} must be one of them")
 
 
+def in_doubt_steps(entries: builtins.list[JournalEntry]) -> builtins.list[int]:
+    """The numbers of the steps a replay finds in doubt: started, no outcome journaled (the
+    run is finished, so no attempt holds them)."""
+    return [s.number for s in History.fold(entries).ordered()
+            if s.state in (StepState.STARTED, StepState.IN_DOUBT)]
+
+
 def describe_replay(run_id: str, entries: builtins.list[JournalEntry],
                     from_step: int | None = None, in_doubt: InDoubt | None = None) -> str:
     """What a replay of the run with this journal will do, step by step, in one line.
@@ -853,9 +871,12 @@ def describe_replay(run_id: str, entries: builtins.list[JournalEntry],
     from_here: builtins.list[int] = []
     failed: builtins.list[int] = []
     doubt: builtins.list[int] = []
+    doubt_again: builtins.list[int] = []  # in doubt, and run again by from_step
     for step in History.fold(entries).ordered():
         if from_step is not None and step.number >= from_step:
             from_here.append(step.number)
+            if step.state in (StepState.STARTED, StepState.IN_DOUBT):
+                doubt_again.append(step.number)
         elif step.state is StepState.COMPLETED:
             kept.append(step.number)
         elif step.state in (StepState.STARTED, StepState.IN_DOUBT):
@@ -864,7 +885,9 @@ def describe_replay(run_id: str, entries: builtins.list[JournalEntry],
             failed.append(step.number)
     parts: builtins.list[str] = []
     if from_step is not None:
-        parts.append(f"step {from_step} and every later step will run again")
+        parts.append(f"step {from_step} and every later step will run again" + (
+            f", {_steps_text(doubt_again)} in doubt (outcome unknown) included"
+            if doubt_again else ""))
     if kept:
         parts.append(f"{_steps_text(kept)} will not run again (journaled results are used)")
     if failed:
@@ -878,7 +901,7 @@ def describe_replay(run_id: str, entries: builtins.list[JournalEntry],
         parts.append(f"{_steps_text(doubt)} in doubt: each runs again if its activity has "
                      "on_doubt='retry', else the run fails there again (decide with "
                      "--rerun-in-doubt or --accept-in-doubt)")
-    elif in_doubt is not None:
+    elif in_doubt is not None and not doubt_again:
         parts.append("no step is in doubt, so the in-doubt choice changes nothing")
     if not kept and not from_here and not failed and not doubt:
         parts.append("no step had run: the workflow starts from the beginning")

@@ -159,3 +159,68 @@ async def test_in_doubt_steps_and_the_chosen_resolution(tmp_path: Path) -> None:
     assert run.state is RunState.COMPLETED
     assert run.result == ["one", "two", "three"]
     assert executed == ["three"]  # step 2 was not run again: it counted as done
+
+
+@pytest.fixture
+def in_doubt_run(tmp_path: Path) -> Path:
+    """A SQLite file with run to1 of the three-step workflow, cancelled while step 2 was in
+    flight: step 2 is in doubt."""
+
+    async def make() -> None:
+        registry = durable.Registry()
+        executed: list[str] = []
+        _define(registry, executed, set(), anyio.Event())
+        async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+            async with durable.testing.running_worker(client):
+                await client.start("steps.three", id="to1")
+                with anyio.fail_after(10):
+                    while executed != ["one", "two"]:
+                        await anyio.sleep(0.01)  # bounded poll: step 2 is in flight
+                await client.cancel("to1")
+                assert (await client.wait("to1")).state is RunState.CANCELLED
+
+    anyio.run(make)
+    return tmp_path / "durable.db"
+
+
+def test_accepting_a_step_in_doubt_that_from_step_runs_again_is_refused(
+        in_doubt_run: Path) -> None:
+    """--from-step 2 runs step 2 again, in doubt or not; --accept-in-doubt asks to count it
+    as done. The two contradict each other on the one step whose outcome is unknown (it may
+    have deleted something): refused in one line, nothing written (before: queued, the
+    choice silently overridden, and "no step is in doubt" said)."""
+    url = f"sqlite:///{in_doubt_run}"
+    before = journal_rows(in_doubt_run)
+    for from_step in ("1", "2"):
+        refused = cli("replay", "to1", "--from-step", from_step, "--accept-in-doubt", db=url)
+        assert refused.stdout == ""
+        assert_one_line_error(refused, f"run to1: step 2 in doubt, and --from-step {from_step} "
+                              "runs it again, where --accept-in-doubt asks to count in-doubt "
+                              "steps as done; nothing was written")
+        assert refused.returncode == 2
+    assert journal_rows(in_doubt_run) == before
+    assert '"cancelled"' in cli("show", "to1", "--json", db=url).stdout
+
+
+@pytest.mark.parametrize("choice", [[], ["--rerun-in-doubt"]])
+def test_the_replay_message_says_a_step_in_doubt_runs_again_from_the_step(
+        in_doubt_run: Path, choice: list[str]) -> None:
+    url = f"sqlite:///{in_doubt_run}"
+    result = cli("replay", "to1", "--from-step", "2", *choice, db=url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "to1 queued again: step 2 and every later step will run again, step 2 in doubt "
+        "(outcome unknown) included; step 1 will not run again (journaled results are used)"
+        "\n")
+
+
+@pytest.mark.anyio
+async def test_the_client_refuses_accepting_what_from_step_runs_again(
+        in_doubt_run: Path) -> None:
+    async with durable.Client.connect(f"sqlite:///{in_doubt_run}") as client:
+        before = await client.journal("to1")
+        with pytest.raises(durable.ConfigError, match=r"run to1: step 2 in doubt, and "
+                           r"from_step 2 runs it again, where in_doubt='accept'"):
+            await client.replay("to1", from_step=2, in_doubt="accept")
+        assert await client.journal("to1") == before
+        assert (await client.get("to1")).state is RunState.CANCELLED
