@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import textwrap
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -457,15 +458,17 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
                     ) -> str:
     """The human-readable ``show`` output: the run, its journal as a timeline, what to do.
 
-    ``step=N`` shows that step's tries in full instead (arguments, result, the whole error).
-    Every line of the timeline is at most ``width`` characters; ``color`` adds ANSI colours
-    for states (see :func:`terminal_width` and :func:`use_color` for a terminal's).
+    ``step=N`` shows that step's tries in full instead (arguments, result, the whole error),
+    under the run's header in full too (its arguments, result and error never cut: what
+    ``show --step`` is asked for). Every line of the timeline is at most ``width``
+    characters; ``color`` adds ANSI colours for states (see :func:`terminal_width` and
+    :func:`use_color` for a terminal's).
     ``signals`` (the run's stored signals) give a rejection its reason. ``paused``: the
     pause of the run's workflow, said of a run that has not ended.
     """
     width = max(width, MIN_WIDTH)
     rows = timeline_rows(run, entries)
-    view = _View(width, color)
+    view = _View(width, color, full=step is not None)
     view.header(run, rows, entries)
     if paused is not None and not run.state.finished:
         view.field("paused", (f"its workflow is {paused_phrase(paused)}; no attempt starts "
@@ -488,15 +491,18 @@ class _View:
 
     TIME, STEP, TRY, TOOK, STATE = 12, 4, 3, 7, 9
 
-    def __init__(self, width: int, color: bool) -> None:
+    def __init__(self, width: int, color: bool, *, full: bool = False) -> None:
         self.width = width
         self.color = color
+        self.full = full
+        """Nothing is cut to the width (``show --step``): each text in full, on one line."""
         self.lines: list[str] = []
         self.act = 8
         """The activity column's width, fitted to the names and the width."""
 
     def add(self, *segments: Segment) -> None:
-        self.lines.append(_fit(segments, self.width, self.color))
+        self.lines.append(_fit(segments, sys.maxsize if self.full else self.width,
+                               self.color))
 
     def field(self, label: str, *segments: Segment) -> None:
         self.add((f"{label:<10}", "dim"), *segments)
@@ -526,8 +532,9 @@ class _View:
                                   None))
         if run.state is RunState.COMPLETED:
             self.field("result", (one_line(json.dumps(run.result)), None))
-        if run.error:
-            self.field("error", (_refer_to_steps(run.error, rows), "error"))
+        if run.error:  # in full, as it is: the steps it would refer to may not be shown
+            self.field("error", (one_line(run.error) if self.full
+                                 else _refer_to_steps(run.error, rows), "error"))
 
     # -- plan, then approve ------------------------------------------------------------------
     def approval(self, run: Run, gate: ApprovalView) -> None:

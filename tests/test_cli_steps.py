@@ -224,3 +224,41 @@ async def test_the_client_refuses_accepting_what_from_step_runs_again(
             await client.replay("to1", from_step=2, in_doubt="accept")
         assert await client.journal("to1") == before
         assert (await client.get("to1")).state is RunState.CANCELLED
+
+
+def test_show_step_gives_the_header_in_full_too(tmp_path: Path) -> None:
+    """``show ID --step N`` gives every text in full (README): the header's too, where the
+    run's error was cut to the width (piped: 100 columns) with an ellipsis. Without
+    ``--step`` every line still fits the width."""
+    why = "the service said no: " + " ".join(f"reason-{i}" for i in range(40))
+
+    async def make() -> None:
+        registry = durable.Registry()
+
+        @durable.activity("steps.refuse", registry=registry,
+                          retry=durable.RetryPolicy(max_tries=1))
+        async def refuse(ctx: durable.ActivityContext, name: str) -> str:
+            raise durable.NonRetryableError(why)
+
+        @durable.workflow("steps.long", registry=registry)
+        async def long(ctx: durable.WorkflowContext, name: str) -> str:
+            return await refuse(ctx, name)
+
+        async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+            async with durable.testing.running_worker(client):
+                await client.start("steps.long", "x" * 150, id="long")
+                assert (await client.wait("long")).state is RunState.FAILED
+
+    anyio.run(make)
+    url = f"sqlite:///{tmp_path / 'durable.db'}"
+    shown = cli("show", "long", "--step", "1", db=url)
+    assert shown.returncode == 0, shown.stderr
+    header = shown.stdout.split("\n\n")[0].splitlines()
+    [error] = [line for line in header if line.startswith("error")]
+    assert why in error and "…" not in shown.stdout, shown.stdout
+    [args] = [line for line in header if line.startswith("args")]
+    assert args.endswith("x" * 150 + '"]'), args
+    timeline = cli("show", "long", db=url)
+    assert timeline.returncode == 0, timeline.stderr
+    assert max(len(line) for line in timeline.stdout.splitlines()) <= 100
+    assert "…" in timeline.stdout
