@@ -216,3 +216,33 @@ def test_a_cancel_says_what_the_run_s_attempts_had_done(tmp_path: Path) -> None:
         "doubt": "doubt cancelled while queued between attempts (attempt 1 had run: no "
                  "step done; step 1 in doubt: check it before any replay)",
         "fresh": "fresh cancelled before it started"}
+
+
+@pytest.mark.anyio
+async def test_a_run_claimed_between_the_filter_s_two_reads_is_cancelled_once(
+        tmp_path: Path) -> None:
+    """``cancel --workflow`` reads the queued runs and the running ones in two reads. A
+    worker's claim between them (driven here between the reads, on a real SQLite file)
+    moves a run from the one state to the other: it is listed once, and cancelled (before:
+    running was read first, so a run claimed between the reads was in neither list, not
+    cancelled, and the command said nothing of it)."""
+    from durable._cli import _unfinished
+
+    async with durable.Client.connect(f"sqlite:///{tmp_path / 'c.db'}") as client:
+        await client.start("cx.work", id="a")
+        await client.start("cx.work", id="b")
+        reads: list[str | None] = []
+        listed = client.list
+
+        async def list_then_claim(**filters: Any) -> list[durable.Run]:
+            page = await listed(**filters)
+            if not reads:  # between the first read and the second: a worker claims "a"
+                [claimed] = await client.store.claim("w1", 30.0, 1, run_id="a")
+                assert claimed.state is RunState.RUNNING
+            reads.append(filters["state"])
+            return page
+
+        client.list = list_then_claim  # type: ignore[method-assign]
+        found = await _unfinished(client, "cx.work", None, None)
+        assert len(reads) == 2
+        assert sorted(run_id for run_id, _, _ in found) == ["a", "b"]
