@@ -301,18 +301,3 @@ def closed_plan(run: Run, entries: Sequence[JournalEntry],
                 "timeout, and the journal keeps that timeout: a replay that keeps the "
                 "plan would fail again at once"))
     return None
-    again = (f"replay it from the plan step to plan again and ask anew: durable replay "
-             f"{run.id} --from-step {gate.plan_step}")
-    if gate.decision == "rejected":
-        return (f"run {run.id}'s plan (step {gate.plan_step}) was rejected by {gate.by}; a "
-                "replay that keeps that plan would wait for an approval that can no longer "
-                f"be given; {again}")
-    if gate.decision == "waiting" and run.state is RunState.FAILED:
-        plans = [e.seq for e in entries
-                 if e.step_key == PLAN_KEY and e.kind is EntryKind.STEP_COMPLETED]
-        if any(e.kind is EntryKind.SIGNAL_TIMEOUT and e.data.get("name") == APPROVE
-               and e.seq > plans[-1] for e in entries):
-            return (f"run {run.id}'s plan (step {gate.plan_step}) got no decision within its "
-                    "timeout, and the journal keeps that timeout: a replay that keeps the "
-                    f"plan would fail again at once; {again}")
-    return None
