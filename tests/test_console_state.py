@@ -189,7 +189,7 @@ async def test_durable_waits_are_shown_as_show_shows_them(
         assert badges[2] == ("sleeping", "sleeping")
         page = (await http.get("/runs/nap-1")).text
         header = re.search(r'<p class="delayed-start">(.*?)</p>', page, re.S)
-        assert header and header.group(1).startswith("Waiting: sleeping until "), header
+        assert header and header.group(1).startswith("Sleeping until "), header
         assert "Waiting sleeping" not in page
         assert re.search(r'id="step-2">.*?<div class="summary">until \d{4}-', page, re.S)
         badges = await _same_as_show(client, http, "gate-1")

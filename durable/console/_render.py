@@ -288,8 +288,11 @@ def header(d: RunDetail) -> str:
     delayed = ""
     waiting = waiting_phrase(run, d.entries)  # released to wait (durable waiting)
     if waiting:
-        delayed = (f'<p class="delayed-start">Waiting: {text(waiting)}; it holds no lease and '
-                   "can be cancelled meanwhile.</p>")
+        said = ("Sleeping" + waiting.removeprefix("sleeping") if waiting.startswith("sleeping")
+                else "Waiting to retry" + waiting.removeprefix("retry")
+                if waiting.startswith("retry") else "Waiting " + waiting)
+        delayed = (f'<p class="delayed-start">{text(said)}; it holds no lease and can be '
+                   "cancelled meanwhile.</p>")
     elif run.state is RunState.QUEUED and run.run_at > d.now:
         delayed = (f'<p class="delayed-start">Starts {countdown(run.run_at)} '
                    f"(at {when(run.run_at, ago=False)}); it can be cancelled until then.</p>")
