@@ -109,8 +109,8 @@ async def approval_gate(ctx: WorkflowContext, plan: Activity[..., Any], *args: A
 
 
 async def send_decision(client: Client, run_id: str, name: str, payload: JSON = None, *,
-                        id: str | None = None, origin: Mapping[str, JSON] | None = None
-                        ) -> bool:
+                        id: str | None = None, origin: Mapping[str, JSON] | None = None,
+                        per_plan: bool = False) -> bool:
     """Send ``approve`` or ``reject`` to a run waiting for a decision on its plan; the CLI's
     ``approve`` / ``reject`` and the console's buttons all come through here.
 
@@ -121,6 +121,8 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
     cancel too): it ends ``cancelled`` without doing anything. Answers whether a new signal
     was recorded (False: ``id`` was already used for this run, for this very decision); a
     decision sent meanwhile under ``id`` with another note is refused as already made.
+    ``per_plan``: ``id`` is made the plan's own (the plan entry's seq appended), so a plan
+    journaled again by a replay takes a decision under the same ``id`` (the console's).
     """
     if name not in (APPROVE, REJECT):
         raise ConfigError(f"a decision is {APPROVE!r} or {REJECT!r}, not {name!r}")
@@ -137,6 +139,8 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
     if payload is not None and not isinstance(payload, Mapping):
         raise ConfigError("a decision's payload is a JSON object ({\"note\": ...})")
     named = {**(payload or {}), "plan": plan_digest(gate.plan)}  # approves exactly this plan
+    if per_plan and id is not None:  # one decision per plan: a replay's new plan gets its own
+        id = f"{id}-{gate.plan_seq}"
     try:
         sent = await client.signal(run_id, name, named, id=id, origin=origin)
     except RunConflictError:  # the id's decision, sent meanwhile (two tabs), is the one made
@@ -169,6 +173,8 @@ class ApprovalView:
     early: bool = False
     """The decision was sent before the plan was journaled (a raw ``signal``; the CLI's and
     the console's approve refuse to)."""
+    plan_seq: int = 0
+    """The journal seq of the plan's entry: a replay that plans again journals a new one."""
 
     @property
     def items(self) -> list[dict[str, Any]] | None:
@@ -239,14 +245,14 @@ def approval_view(run: Run, entries: Sequence[JournalEntry],
     step = latest.step or 0
     decision = after or before
     if decision is None:
-        return ApprovalView(plan, step, "waiting", digest=digest)
+        return ApprovalView(plan, step, "waiting", digest=digest, plan_seq=latest.seq)
     seq = decision.data.get("seq")
     payload = received.get(seq, stored.get(seq)) if isinstance(seq, int) else None
     origin = decision.data.get("origin")
     return ApprovalView(plan, step,
                         "approved" if decision.data["name"] == APPROVE else "rejected",
                         origin_text(origin), origin, decision.at, payload,
-                        early=decision is before, digest=digest)
+                        early=decision is before, digest=digest, plan_seq=latest.seq)
 
 
 @attrs.frozen

@@ -163,7 +163,7 @@ async def test_two_approve_clicks_at_once_are_one_decision(
             del store.list_signals  # type: ignore[method-assign]
     assert arrived[:2] == ["gate-4", "gate-4"]  # (then the re-send's look at its id)
     approvals = [s for s in await store.list_signals("gate-4") if s.name == "approve"]
-    assert len(approvals) == 1 and approvals[0].signal_id == "console-approve"
+    assert len(approvals) == 1 and approvals[0].signal_id.startswith("console-approve-")
     codes = {(note == approvals[0].payload["note"], answer.status_code)
              for note, answer in answers}
     assert codes == ({(True, 200)} if notes[0] == notes[1] else {(True, 200), (False, 409)})
@@ -227,3 +227,44 @@ def _options(form: str) -> list[str]:
     import re
 
     return re.findall(r'<option value="([^"]*)"', form)
+
+
+async def test_a_plan_made_again_by_a_replay_is_approved_from_the_console(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """Approved, then failed after its approval, replayed from its plan step: the new plan
+    waits for a new decision, and the console's approve of it goes through. With one
+    decision id per run (``console-approve``), it was refused as a reuse of the first."""
+    failures = ["once"]
+
+    @durable.activity("t.plan2", registry=registry)
+    async def plan(ctx: durable.ActivityContext, what: str) -> dict[str, object]:
+        return {"title": f"delete {what}", "items": [{"action": "delete", "id": what}]}
+
+    @durable.activity("t.delete2", registry=registry)
+    async def delete(ctx: durable.ActivityContext, what: str) -> str:
+        if failures:
+            failures.pop()
+            raise durable.NonRetryableError("the service said no")
+        return what
+
+    @durable.workflow("t.approved2", registry=registry)
+    async def approved(ctx: durable.WorkflowContext, what: str) -> str:
+        await durable.approval_gate(ctx, plan, what)
+        return str(await ctx.step(delete, what))
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    await client.start("t.approved2", "db-45", id="gate-5")
+    async with running_worker(client, registry), console(client, token=TOKEN) as http:
+        await _waiting(client, "gate-5")
+        first = await http.post("/api/runs/gate-5/approve", json={}, headers=auth)
+        assert first.status_code == 200, first.text
+        assert (await client.wait("gate-5", timeout=20)).state is durable.RunState.FAILED
+        [plan_step] = [e.step for e in await client.journal("gate-5")
+                       if e.name == "t.plan2" and e.kind is durable.EntryKind.STEP_COMPLETED]
+        await client.replay("gate-5", from_step=plan_step)
+        await _waiting(client, "gate-5")
+        again = await http.post("/api/runs/gate-5/approve", json={}, headers=auth)
+        assert again.status_code == 200, again.text
+        done = await client.wait("gate-5", timeout=20)
+    assert done.state is durable.RunState.COMPLETED, done.error
+    assert done.result == "db-45"

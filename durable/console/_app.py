@@ -241,9 +241,10 @@ class Console:
         text = (fields.get("note") if action == APPROVE else fields.get("reason")) or ""
         payload: dict[str, JSON] = {"note" if action == APPROVE else "reason": text[:300]} \
             if text.strip() else {}
-        # one decision per run from the console: a double click is one signal
+        # one decision per plan from the console: a double click is one signal, and a plan
+        # journaled again by a replay takes its own
         await send_decision(self.client, run_id, action, payload, id=f"console-{action}",
-                            origin=origin)
+                            origin=origin, per_plan=True)
         return (f"{run_id}: plan approved; the run re-checks it and acts" if action == APPROVE
                 else f"{run_id}: plan rejected; the run ends without acting")
 
