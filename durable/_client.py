@@ -232,7 +232,8 @@ class Client:
             "start_outcome_unknown", f"the start of run {run_id!r}",
             f"it may have been queued; look it up (durable show {run_id}), or start it "
             f"again with id {run_id!r}, which does nothing if it was", workflow_id=run_id)
-        if not created and (run.workflow != name or run.args != arg_list or run.key != key):
+        if not created and (run.workflow != name or not same_json(run.args, arg_list)
+                            or run.key != key):
             raise RunConflictError(
                 f"run id {run_id!r} already belongs to a {run.workflow} run with arguments "
                 f"{dumps(run.args)} and {_key_text(run.key)} (asked for: {name} with "
@@ -258,7 +259,8 @@ class Client:
         with no attempt yet: a run of that id from before is taken as this one, as
         idempotence means)."""
         run, created = await self.store.create_run(new)
-        return run, created or (run.workflow == new.workflow and run.args == new.args
+        return run, created or (run.workflow == new.workflow
+                                and same_json(run.args, new.args)
                                 and run.key == new.key and run.attempt == 0)
 
     # -- reading (with stale recovery on the read path) ----------------------------------------
@@ -811,11 +813,16 @@ def _origin(origin: Mapping[str, JSON] | None) -> dict[str, JSON] | None:
     return value
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are one JSON value, compared as JSON text: ``1`` is not ``true`` nor
+    ``1.0`` (Python's ``==`` says they are), an object's keys in any order, a tuple the list
+    it is journaled as."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def same_signal(found: Signal, name: str, payload: JSON) -> bool:
-    """``found`` has this name and payload, compared as JSON text (``1`` is not ``true``
-    nor ``1.0``; an object's keys in any order)."""
-    return found.name == name and (json.dumps(found.payload, sort_keys=True)
-                                   == json.dumps(payload, sort_keys=True))
+    """``found`` has this name and payload (:func:`same_json`)."""
+    return found.name == name and same_json(found.payload, payload)
 
 
 SHOWN_JSON = 120

@@ -80,3 +80,21 @@ async def test_an_id_or_key_no_line_can_show_is_refused(
         await client.start("t.noop", **given)  # type: ignore[arg-type]
     assert await client.list() == []
     await client.start("t.noop", id="ünï ok", key="slot 1")  # printable: any script
+
+
+@pytest.mark.parametrize(("first", "again"), [([1], [True]), ([True], [1]), ([1], [1.0]),
+                                              ([{"a": 0}], [{"a": False}])])
+async def test_an_id_reused_with_arguments_python_calls_equal_is_a_conflict(
+        client: durable.Client, registry: durable.Registry, first: list[object],
+        again: list[object]) -> None:
+    """``1 == True == 1.0`` in Python, not in the journal: a start again under the same id
+    with ``true`` where the run has ``1`` is another start, refused (before, it was taken
+    for the same run, and the caller's arguments were silently not the run's)."""
+    @durable.workflow("t.take", registry=registry)
+    async def take(ctx: durable.WorkflowContext, value: object) -> None:
+        return None
+
+    await client.start("t.take", *first, id="same-id", delay=3600)
+    with pytest.raises(durable.RunConflictError, match=r"^run id 'same-id' already belongs"):
+        await client.start("t.take", *again, id="same-id", delay=3600)
+    assert (await client.start("t.take", *first, id="same-id", delay=3600)).args == first
