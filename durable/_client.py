@@ -28,12 +28,13 @@ from ._errors import (
 )
 from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
-from ._logging import Repeats, get_logger, redact
+from ._logging import Repeats, get_logger
 from ._registry import BoundWorkflow, Registry, Workflow, default_registry
-from ._report import RecoveryReport, clip
+from ._report import RecoveryReport
 from ._resend import answered
 from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
+from ._steps import shown
 from ._types import (
     JSON,
     NEVER,
@@ -534,8 +535,8 @@ class Client:
             if found.signal_id == signal_id and not same_signal(found, name, payload):
                 raise RunConflictError(
                     f"signal id {signal_id!r} of run {run_id} was already used for signal "
-                    f"{found.name!r} with payload {_shown(found.payload)} (asked for: "
-                    f"{name!r} with {_shown(payload)}); nothing was written; to send "
+                    f"{found.name!r} with payload {shown(found.payload, 120)} (asked for: "
+                    f"{name!r} with {shown(payload, 120)}); nothing was written; to send "
                     "another signal, choose another id")
 
     async def replay(self, run_id: str, from_step: int | None = None,
@@ -823,15 +824,6 @@ def same_json(a: Any, b: Any) -> bool:
 def same_signal(found: Signal, name: str, payload: JSON) -> bool:
     """``found`` has this name and payload (:func:`same_json`)."""
     return found.name == name and same_json(found.payload, payload)
-
-
-SHOWN_JSON = 120
-"""Characters of a payload a message shows (a payload may be long; the journal has it all)."""
-
-
-def _shown(value: JSON) -> str:
-    """Redacted before it is cut: a cut could leave a secret's prefix no pattern knows."""
-    return clip(redact(json.dumps(value, ensure_ascii=False)), SHOWN_JSON)
 
 
 def _key_text(key: str | None) -> str:

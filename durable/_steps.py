@@ -145,8 +145,11 @@ def refuse_unknown(value: Any) -> None:
         found._refuse()
 
 
-def _shown(value: Any, limit: int = 200) -> str:
-    """``value`` as JSON (its repr if it is not), redacted, cut to about ``limit``."""
+def shown(value: Any, limit: int = 200) -> str:
+    """``value`` as JSON (its repr if it is not), redacted, cut to about ``limit``: how a
+    message shows a value the journal holds in full (a step's arguments, a signal's
+    payload). Redacted before it is cut: a cut could leave a secret's prefix no pattern
+    knows."""
     try:
         text = dumps(value, "a step's arguments", around=1)
     except NotJsonError:
@@ -311,8 +314,8 @@ class Steps:
             pass  # not JSON: not what was journaled either
         err = NonDeterminismError(
             f"run {self.run_id}: step {view.number} ({act.name}) was journaled with the "
-            f"arguments {_shown(view.args)} but the workflow now calls it with "
-            f"{_shown(given)}; its journaled outcome is not reused for another call. The "
+            f"arguments {shown(view.args)} but the workflow now calls it with "
+            f"{shown(given)}; its journaled outcome is not reused for another call. The "
             "workflow code is not deterministic (an argument made of something other than "
             "the run's arguments, step results, ctx.now() or ctx.uuid4()), or it changed "
             "since the run started: deploy the code it started with, or start a new run")

@@ -165,15 +165,15 @@ async def test_a_signal_id_reused_for_another_name_or_payload_is_refused(
             await client.signal("one", name, payload, id="A")
         said = str(refused.value)
         assert "\n" not in said and "signal id 'A' of run one was already used for signal " \
-            "'approve' with payload {\"a\": 1, \"ok\": true} (asked for: " \
-            f"{name!r} with {json.dumps(payload)})" in said, said
+            "'approve' with payload {\"a\":1,\"ok\":true} (asked for: " \
+            f"{name!r} with {json.dumps(payload, separators=(',', ':'))})" in said, said
     assert [(s.signal_id, s.payload) for s in await client.store.list_signals("one")] == [
         ("A", {"a": 1, "ok": True})]
     assert await client.store.journal("one") == journal  # nothing written
     long = {"pad": "x" * 1000}  # a payload is cut in the message, never in the journal
     with pytest.raises(durable.RunConflictError) as refused:
         await client.signal("one", "approve", long, id="A")
-    assert len(str(refused.value)) < 500 and "xxx…" in str(refused.value)
+    assert len(str(refused.value)) < 500 and "xxx..." in str(refused.value)
 
 
 async def test_a_signal_sent_while_no_worker_runs_is_received_after_a_restart(
