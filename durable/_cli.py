@@ -368,27 +368,24 @@ CANCEL_PAGE = 500
 async def _unfinished(client: Client, workflow: str | None, key: str | None,
                       state: str | None) -> list[tuple[str, str, str]]:
     """The queued and running runs a filter matches as the command begins (``(id,
-    workflow, state)``, each once), read page by page and taken whole before anything is
-    cancelled, so runs started after it began are not cancelled.
+    workflow, state)``), read page by page and taken whole before anything is cancelled,
+    so runs started after it began are not cancelled.
 
-    The queued runs are read first, then the running ones: a run claimed between the two
-    reads (queued, then running: what workers do all through an incident) is read in both
-    and listed once, with its first state. A run released or recovered between them
-    (running, then queued) can be read in neither and is missed; only one read of both
-    states (one snapshot) would close that, which the store's list cannot do yet. A run
-    that ends meanwhile is listed and said to have ended."""
-    found: dict[str, tuple[str, str, str]] = {}
-    for wanted in ([state] if state is not None else ["queued", "running"]):
-        cursor: tuple[float, str] | None = None
-        while True:
-            page = await client.list(state=wanted, workflow=workflow, key=key,
-                                     limit=CANCEL_PAGE, before=cursor)
-            for r in page:
-                found.setdefault(r.id, (r.id, r.workflow, r.state.value))
-            if len(page) < CANCEL_PAGE:
-                break
-            cursor = (page[-1].created_at, page[-1].id)
-    return list(found.values())
+    Both states are read together (:meth:`Client.list_unfinished`: one statement per page,
+    so each page is one snapshot, and a run's page is fixed by its creation): a run that
+    moves between them while the pages are read (claimed; released by a worker's shutdown;
+    recovered after its worker died) is read once, and cancelled. ``--state`` keeps the
+    runs in that state at the read. A run that ends meanwhile (its recovery by this read
+    included) is listed and said to have ended."""
+    found: list[tuple[str, str, str]] = []
+    cursor: tuple[float, str] | None = None
+    while True:
+        page = await client.list_unfinished(workflow, key, limit=CANCEL_PAGE, before=cursor)
+        found.extend((r.id, r.workflow, r.state.value) for r in page
+                     if state is None or r.state.value == state)
+        if len(page) < CANCEL_PAGE:
+            return found
+        cursor = (page[-1].created_at, page[-1].id)
 
 
 async def _cmd_pause(args: argparse.Namespace) -> int:

@@ -337,6 +337,24 @@ class Client:
         recovered = [await self._recover(r) for r in runs]
         return [r for r in recovered if state is None or r.state is state]
 
+    async def list_unfinished(self, workflow: Workflow[..., Any] | str | None = None,
+                              key: str | None = None, *, limit: int = 100,
+                              before: Cursor | None = None) -> builtins.list[Run]:
+        """Up to ``limit`` queued and running runs, newest first, paged as :meth:`list`
+        (``before``), optionally of one workflow and/or key: both states in one read of the
+        store (:meth:`Store.list_unfinished`), so a run that moves between them while the
+        pages are read (a claim, a worker's release, a lost lease recovered) is in one page
+        exactly, where a list of each state in turn could miss it. A run whose lease had
+        expired is recovered, as :meth:`list` does, and returned as that left it (queued,
+        or ended: its cancel was pending, or it was recovered too often), so a page is as
+        long as the store's and a shorter one is the last."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(f"limit must be a whole number, 0 or more, not {limit!r}")
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        runs = await self.store.list_unfinished(
+            workflow=name, key=key, limit=min(limit, MAX_LIMIT), before=_cursor(before))
+        return [await self._recover(r) for r in runs]
+
     async def counts(self, workflow: Workflow[..., Any] | str | None = None,
                      key: str | None = None, *,
                      created_from: dt.datetime | float | None = None,

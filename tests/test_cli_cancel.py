@@ -14,7 +14,8 @@ import pytest
 
 import durable
 from durable import RunState
-from durable._types import EntryKind, Fence
+from durable._clock import FakeClock
+from durable._types import EntryKind, Fence, JournalWrite
 
 from .helpers import poll
 from .test_cli import assert_one_line_error, cli
@@ -218,31 +219,120 @@ def test_a_cancel_says_what_the_run_s_attempts_had_done(tmp_path: Path) -> None:
         "fresh": "fresh cancelled before it started"}
 
 
+def after_the_first_read(store: Any, act: Callable[[], Awaitable[None]]) -> list[str]:
+    """Run ``act`` once, right after the store's first read of a runs list (whichever
+    listing the filtered cancel uses); the names of the listings read, in order."""
+    reads: list[str] = []
+    for name in ("list_runs", "list_unfinished"):
+        listed = getattr(store, name, None)
+        if listed is None:  # (the code before the one listing of both states)
+            continue
+
+        async def hooked(*args: Any, _listed: Any = listed, _name: str = name,
+                         **filters: Any) -> Any:
+            page = await _listed(*args, **filters)
+            reads.append(_name)
+            if len(reads) == 1:
+                await act()
+            return page
+
+        setattr(store, name, hooked)
+    return reads
+
+
 @pytest.mark.anyio
-async def test_a_run_claimed_between_the_filter_s_two_reads_is_cancelled_once(
+async def test_a_run_claimed_after_the_filter_s_first_read_is_cancelled_once(
         tmp_path: Path) -> None:
-    """``cancel --workflow`` reads the queued runs and the running ones in two reads. A
-    worker's claim between them (driven here between the reads, on a real SQLite file)
-    moves a run from the one state to the other: it is listed once, and cancelled (before:
-    running was read first, so a run claimed between the reads was in neither list, not
-    cancelled, and the command said nothing of it)."""
+    """``cancel --workflow`` reads what the filter matches before cancelling. A worker's
+    claim right after the first read (driven there, on a real SQLite file) moves a run from
+    queued to running: it is listed once, and cancelled (before 563cc68: running was read
+    first, then queued, so a run claimed between the reads was in neither list)."""
     from durable._cli import _unfinished
 
     async with durable.Client.connect(f"sqlite:///{tmp_path / 'c.db'}") as client:
         await client.start("cx.work", id="a")
         await client.start("cx.work", id="b")
-        reads: list[str | None] = []
-        listed = client.list
 
-        async def list_then_claim(**filters: Any) -> list[durable.Run]:
-            page = await listed(**filters)
-            if not reads:  # between the first read and the second: a worker claims "a"
-                [claimed] = await client.store.claim("w1", 30.0, 1, run_id="a")
-                assert claimed.state is RunState.RUNNING
-            reads.append(filters["state"])
-            return page
+        async def claim() -> None:
+            [claimed] = await client.store.claim("w1", 30.0, 1, run_id="a")
+            assert claimed.state is RunState.RUNNING
 
-        client.list = list_then_claim  # type: ignore[method-assign]
+        reads = after_the_first_read(client.store, claim)
         found = await _unfinished(client, "cx.work", None, None)
-        assert len(reads) == 2
+        assert reads
         assert sorted(run_id for run_id, _, _ in found) == ["a", "b"]
+
+
+@pytest.mark.anyio
+async def test_a_run_released_after_the_filter_s_first_read_is_cancelled(
+        tmp_path: Path) -> None:
+    """A worker's shutdown release right after the first read (driven there, on a real
+    SQLite file) moves a run from running back to queued: it matched the filter all through
+    the command, and is listed (before: the queued runs were read first, then the running
+    ones, so a run released between the two reads was in neither, and not cancelled)."""
+    from durable._cli import _unfinished
+
+    async with durable.Client.connect(f"sqlite:///{tmp_path / 'c.db'}") as client:
+        await client.start("cx.work", id="a")
+        await client.start("cx.work", id="b")
+        [held] = await client.store.claim("w1", 30.0, 1, run_id="a")
+
+        async def release() -> None:  # what a worker's shutdown writes
+            assert await client.store.release(Fence(held.id, held.epoch), [JournalWrite(
+                EntryKind.RUN_INTERRUPTED, data={"reason": "worker shutdown"})])
+
+        reads = after_the_first_read(client.store, release)
+        found = await _unfinished(client, "cx.work", None, None)
+        assert reads
+        assert (await client.get("a")).state is RunState.QUEUED
+        assert sorted((run_id, state) for run_id, _, state in found) == [
+            ("a", "running"), ("b", "queued")]
+
+
+@pytest.mark.anyio
+async def test_a_run_whose_lease_expired_is_listed_by_the_filter(tmp_path: Path) -> None:
+    """A running run whose worker died (its lease expired) is recovered by the read that
+    finds it, running back to queued: it is listed, queued (before: the running runs' read
+    recovered it and dropped it as no longer running, after the queued runs were read)."""
+    from durable._cli import _unfinished
+
+    clock = FakeClock(start=1000.0)
+    async with durable.Client.connect(f"sqlite:///{tmp_path / 'c.db'}",
+                                      clock=clock) as client:
+        await client.start("cx.work", id="a")
+        await client.start("cx.work", id="b")
+        await client.store.claim("w1", 30.0, 1, run_id="a")
+        clock.advance(31.0)
+        found = await _unfinished(client, "cx.work", None, None)
+        assert sorted((run_id, state) for run_id, _, state in found) == [
+            ("a", "queued"), ("b", "queued")]
+
+
+@pytest.mark.anyio
+async def test_a_filter_s_pages_list_each_run_once_while_runs_move(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages of two runs: after the first page a worker's shutdown releases one running
+    run of a later page and a claim takes a queued one; every run of the filter is listed
+    once (the other workflow's not), in the state of its page's read."""
+    from durable import _cli
+
+    monkeypatch.setattr(_cli, "CANCEL_PAGE", 2)
+    async with durable.Client.connect(f"sqlite:///{tmp_path / 'c.db'}") as client:
+        for i in range(5):
+            await client.start("cx.work", id=f"r{i}")
+        await client.start("cx.other", id="o")
+        [held] = await client.store.claim("w1", 30.0, 1, run_id="r1")
+
+        async def move() -> None:
+            assert await client.store.release(Fence(held.id, held.epoch), [JournalWrite(
+                EntryKind.RUN_INTERRUPTED, data={"reason": "worker shutdown"})])
+            assert await client.store.claim("w2", 30.0, 1, run_id="r0")
+
+        reads = after_the_first_read(client.store, move)
+        found = await _cli._unfinished(client, "cx.work", None, None)
+        assert len(reads) == 3
+        assert [(run_id, state) for run_id, _, state in found] == [
+            ("r4", "queued"), ("r3", "queued"), ("r2", "queued"), ("r1", "queued"),
+            ("r0", "running")]
+        running = await _cli._unfinished(client, "cx.work", None, "running")
+        assert [run_id for run_id, _, _ in running] == ["r0"]

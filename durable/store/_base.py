@@ -176,6 +176,23 @@ def run_filters(
     return "WHERE " + "\n  AND ".join(fragments[f"runs_where_{f}"] for f in used), params
 
 
+def list_unfinished_query(queries: Mapping[str, str], *, workflow: str | None = None,
+                          key: str | None = None, before: Cursor | None = None,
+                          ) -> tuple[str, dict[str, Any]]:
+    """A dialect's ``list_unfinished`` statement for the filters given, and its parameters:
+    each branch's WHERE clause is :func:`run_filters`' for its state (so the same index
+    leads it as a list of that state), the state written as a literal
+    (``runs_where_queued``, ``runs_where_running``) so one statement holds both."""
+    query, params = queries["list_unfinished"], dict[str, Any]()
+    for state in (RunState.QUEUED, RunState.RUNNING):
+        own = {**queries, "runs_where_state": queries[f"runs_where_{state.value}"]}
+        where, params = run_filters(own, state=state, workflow=workflow, key=key,
+                                    before=before)
+        query = query.replace(f"/*{state.value}*/", where)
+    del params["state"]  # (each branch names its own)
+    return query, params
+
+
 def operator_data(data: Mapping[str, JSON], by: Mapping[str, JSON] | None) -> dict[str, JSON]:
     """The data of an operator action's journal entry: the action's own items, and
     ``"origin"`` (who and where the action came from) when known."""
@@ -334,6 +351,25 @@ class Store(abc.ABC):
         every run once, even runs created in the same instant); ``created_from`` (inclusive)
         and ``created_to`` (exclusive), in store seconds; ``id_prefix``, ids that start with
         it (literally: no wildcards). Every shape is an indexed query (docs/list-queries.md).
+        """
+
+    @abc.abstractmethod
+    async def list_unfinished(
+        self,
+        *,
+        workflow: str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+        before: Cursor | None = None,
+    ) -> list[Run]:
+        """Up to ``limit`` queued and running runs together, newest first, paged as
+        :meth:`list_runs` pages (``before``), with its ``workflow`` and ``key`` filters.
+
+        One statement reads both states, so each page is one snapshot: a run that moves
+        from one state to the other while the pages are read (claimed, released, recovered)
+        is in exactly one page, in one of them, where a list of each state in turn could
+        read it in neither (``durable cancel`` by filter). Each state's part is read in its
+        own index in the list's order (docs/list-queries.md, *Queued and running*).
         """
 
     @abc.abstractmethod

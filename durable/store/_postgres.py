@@ -92,6 +92,7 @@ from ._base import (
     Cursor,
     Store,
     check_schema,
+    list_unfinished_query,
     operator_data,
     run_filters,
 )
@@ -779,6 +780,18 @@ class PostgresStore(Store):
             created_from=created_from, created_to=created_to, id_prefix=id_prefix)
         params["limit"] = limit
         query = Q["list_runs"].replace("/*where*/", where)
+        return [Run.from_row(r) for r in await self._read(query, params)]
+
+    async def list_unfinished(
+        self,
+        *,
+        workflow: str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+        before: Cursor | None = None,
+    ) -> list[Run]:
+        query, params = list_unfinished_query(Q, workflow=workflow, key=key, before=before)
+        params["limit"] = limit
         return [Run.from_row(r) for r in await self._read(query, params)]
 
     async def count_runs(

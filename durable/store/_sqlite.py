@@ -60,6 +60,7 @@ from ._base import (
     Store,
     check_schema,
     ended_entry,
+    list_unfinished_query,
     operator_data,
     run_filters,
 )
@@ -529,6 +530,22 @@ class SqliteStore(Store):
         def read(conn: sqlite3.Connection) -> list[Run]:
             query, params = list_runs_statement(conn, cap, **filters)
             params["limit"] = limit
+            return [Run.from_row(r) for r in conn.execute(query, params)]
+
+        return await self._run(read, write=False)
+
+    async def list_unfinished(
+        self,
+        *,
+        workflow: str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+        before: Cursor | None = None,
+    ) -> list[Run]:
+        query, params = list_unfinished_query(Q, workflow=workflow, key=key, before=before)
+        params["limit"] = limit
+
+        def read(conn: sqlite3.Connection) -> list[Run]:
             return [Run.from_row(r) for r in conn.execute(query, params)]
 
         return await self._run(read, write=False)

@@ -59,6 +59,26 @@ SELECT * FROM durable_runs
 ORDER BY created_at DESC, id COLLATE "C" DESC
 LIMIT %(limit)s;
 
+-- name: list_unfinished
+-- The queued and the running runs together, newest first, as list_runs pages them: one
+-- statement, so one snapshot, and a run that moves between the two states meanwhile (a
+-- claim, a release, a recovery) is read once, in one of them (Store.list_unfinished). Each
+-- branch reads its state's range of an index in the list's order and stops at the page's
+-- size; the page is the newest of the two (a Merge Append). The two markers become the
+-- branches' WHERE clauses (list_unfinished_query in
+-- durable/store/_base.py: the filters' fragments, runs_where_queued / runs_where_running
+-- for the state, a literal each, so one statement holds both).
+SELECT * FROM (
+    (SELECT * FROM durable_runs
+     /*queued*/
+     ORDER BY created_at DESC, id COLLATE "C" DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM durable_runs
+     /*running*/
+     ORDER BY created_at DESC, id COLLATE "C" DESC LIMIT %(limit)s)) AS unfinished
+ORDER BY created_at DESC, id COLLATE "C" DESC
+LIMIT %(limit)s;
+
 -- name: count_runs
 SELECT state, count(*) AS n FROM durable_runs
 /*where*/
@@ -66,6 +86,12 @@ GROUP BY state;
 
 -- name: runs_where_state
 state = %(state)s::text
+
+-- name: runs_where_queued
+state = 'queued'
+
+-- name: runs_where_running
+state = 'running'
 
 -- name: runs_where_workflow
 workflow = %(workflow)s::text
