@@ -202,6 +202,7 @@ async def _cmd_list(args: argparse.Namespace) -> int:
                                  id_prefix=args.prefix)
         now = await client.store.now()
         held = {p.workflow for p in await client.paused()}
+        gone = await client.gone_holders(runs)
     if args.json:
         print(json.dumps([run_json(r) for r in runs], indent=2))
         return 0
@@ -212,7 +213,7 @@ async def _cmd_list(args: argparse.Namespace) -> int:
     for r in runs:
         # a run released to wait says what for (durable waiting) where an error would be;
         # a queued run of a paused workflow, that it waits for the resume
-        note = list_note(r, now)
+        note = list_note(r, now, gone.get(r.id))
         if r.state is RunState.QUEUED and r.workflow in held:
             note = f"paused (durable resume {r.workflow}){'; ' + note if note else ''}"
         print(f"{r.id:<36} {r.workflow:<20} {(r.key or '-'):<16} {r.state.value:<10} "
@@ -232,6 +233,7 @@ async def _cmd_show(args: argparse.Namespace) -> int:
         entries = await client.store.journal(args.id)
         signals = await client.store.list_signals(args.id)
         paused = None if run.state.finished else await client.pause_of(run.workflow)
+        gone = (await client.gone_holders([run])).get(run.id)
     if args.step is not None:
         check_step(run.id, entries, args.step, "--step")
     if args.json:
@@ -241,7 +243,7 @@ async def _cmd_show(args: argparse.Namespace) -> int:
     print(render_timeline(run, entries, step=args.step, console_url=args.console_url,
                           width=terminal_width(sys.stdout),
                           color=use_color(sys.stdout, args.color), signals=signals,
-                          paused=paused))
+                          paused=paused, gone=gone))
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import anyio
 
-from . import _wake
+from . import _liveness, _wake
 from ._approval import PlanClosedError, closed_plan
 from ._clock import Clock
 from ._errors import (
@@ -30,7 +30,7 @@ from ._history import History
 from ._interceptors import Chain, Interceptor, StartInfo, tell
 from ._logging import Repeats, get_logger
 from ._registry import BoundWorkflow, Registry, Workflow, default_registry
-from ._report import RecoveryReport
+from ._report import GoneHolder, RecoveryReport
 from ._resend import answered
 from ._retention import PrunedRun
 from ._schedules import Schedule, ScheduleSpec
@@ -354,6 +354,26 @@ class Client:
         runs = await self.store.list_unfinished(
             workflow=name, key=key, limit=min(limit, MAX_LIMIT), before=_cursor(before))
         return [await self._recover(r) for r in runs]
+
+    async def gone_holders(self, runs: Sequence[Run]) -> dict[str, GoneHolder]:
+        """The running runs among ``runs`` whose worker is dead for sure, by run id: its
+        liveness lock (SQLite, one machine: durable/_liveness.py) is free, so the kernel
+        let it go when the process died; a live worker's sweep takes such a run over
+        within a second. Read-only (no write, no takeover: a read command never changes a
+        run). A worker that lives, or that the probe cannot tell of (no lock file, another
+        user's; PostgreSQL, which has no such lock), is left out: nothing is said of it."""
+        folder = self.store.liveness_dir()
+        holders = {r.worker for r in runs if r.state is RunState.RUNNING and r.worker}
+        if folder is None or not holders:
+            return {}
+
+        def probe() -> tuple[set[str], bool | None]:
+            dead = {w for w in holders if _liveness.holder_alive(folder, w) is False}
+            return dead, _liveness.any_alive(folder) if dead else None
+
+        dead, others = await anyio.to_thread.run_sync(probe)
+        return {r.id: GoneHolder(r.worker, others) for r in runs
+                if r.state is RunState.RUNNING and r.worker in dead}
 
     async def counts(self, workflow: Workflow[..., Any] | str | None = None,
                      key: str | None = None, *,

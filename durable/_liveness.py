@@ -188,6 +188,58 @@ def probe_dead(folder: Path, worker_id: str) -> Iterator[bool]:
         os.close(fd)
 
 
+def holder_alive(folder: Path, worker_id: str) -> bool | None:
+    """Whether a worker lives, asked by a read (``durable show``, ``list``, the console):
+    three-valued, and nothing written.
+
+    False: its lock file is there and a shared lock on it could be taken, so the kernel let
+    the worker's lock go (dead for sure, as :func:`probe_dead` judges). True: its lock is
+    held (the worker lives, or is frozen). None: nothing can be told (no file: it never
+    held one, stopped cleanly or was swept; the file cannot be opened, say by another
+    user; any other error). No file is created or removed, and the shared lock is let go
+    at once: a sweep or a starting worker whose exclusive lock meets it for that instant
+    takes it at its next look (:func:`hold` tries again)."""
+    return _lock_held(folder / lock_name(worker_id))
+
+
+def _lock_held(path: Path) -> bool | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
+
+
+def any_alive(folder: Path) -> bool | None:
+    """Whether some worker of the folder's database lives (its lock held), by the same
+    read-only look as :func:`holder_alive`: True if one does; False if no lock file's lock
+    is held (none there, or no folder: no worker ever held one); None when the folder, or
+    a file in it, cannot be read. (A worker whose lock could not be made holds none: False
+    says none was found, not that none runs.)"""
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(SUFFIX)]
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    found: bool | None = False
+    for name in names:
+        alive = _lock_held(folder / name)
+        if alive:
+            return True
+        if alive is None and (folder / name).exists():  # (not one that went meanwhile)
+            found = None
+    return found
+
+
 def dead_lock_files(folder: Path, skip: str | None = None) -> list[str]:
     """The lock file names in ``folder`` whose lock can be taken now (dead workers'), as
     names (see :func:`lock_name`); the caller decides what to do with them."""

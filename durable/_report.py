@@ -86,6 +86,33 @@ class StepLine:
 
 
 @attrs.frozen
+class GoneHolder:
+    """The worker holding a running run is dead for sure: its liveness lock is free
+    (SQLite, one machine; :meth:`durable.Client.gone_holders` probes it read-only). Its
+    run stays running until a live worker's sweep takes it over (within a second)."""
+
+    worker: str
+    others: bool | None
+    """Whether a live worker of the database was found (its lock held): True; False, none
+    found (the first one started takes the run over); None, it could not be told."""
+
+    def phrase(self) -> str:
+        """What ``show`` and a run's page say under the worker."""
+        then = ("a live worker takes the run over within a second" if self.others
+                else "no live worker found: the first worker started takes the run over"
+                if self.others is False else "a live worker takes the run over")
+        return (f"worker {self.worker} is gone (its process died: its liveness lock is "
+                f"free); {then}")
+
+    def note(self) -> str:
+        """What a runs list says of the run."""
+        then = ("a live worker takes it over" if self.others
+                else "no live worker found" if self.others is False
+                else "a live worker takes it over")
+        return f"worker {self.worker} died; {then}"
+
+
+@attrs.frozen
 class RecoveryReport:
     """What a run did, derived from its journal: for state reasons and notifications."""
 
@@ -454,8 +481,8 @@ def _accepted_rows(e: JournalEntry, history: History, before: dict[str, StepStat
 def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
                     step: int | None = None, console_url: str | None = None,
                     width: int = DEFAULT_WIDTH, color: bool = False,
-                    signals: Sequence[Signal] = (), paused: PausedWorkflow | None = None
-                    ) -> str:
+                    signals: Sequence[Signal] = (), paused: PausedWorkflow | None = None,
+                    gone: GoneHolder | None = None) -> str:
     """The human-readable ``show`` output: the run, its journal as a timeline, what to do.
 
     ``step=N`` shows that step's tries in full instead (arguments, result, the whole error),
@@ -464,11 +491,13 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
     characters; ``color`` adds ANSI colours for states (see :func:`terminal_width` and
     :func:`use_color` for a terminal's).
     ``signals`` (the run's stored signals) give a rejection its reason. ``paused``: the
-    pause of the run's workflow, said of a run that has not ended.
+    pause of the run's workflow, said of a run that has not ended. ``gone``: the running
+    run's worker is dead for sure (said under it, and of its step in flight).
     """
     width = max(width, MIN_WIDTH)
     rows = timeline_rows(run, entries)
     view = _View(width, color, full=step is not None)
+    view.gone = gone if run.state is RunState.RUNNING else None
     view.header(run, rows, entries)
     if paused is not None and not run.state.finished:
         view.field("paused", (f"its workflow is {paused_phrase(paused)}; no attempt starts "
@@ -499,6 +528,8 @@ class _View:
         self.lines: list[str] = []
         self.act = 8
         """The activity column's width, fitted to the names and the width."""
+        self.gone: GoneHolder | None = None
+        """The running run's worker, dead for sure (:class:`GoneHolder`)."""
 
     def add(self, *segments: Segment) -> None:
         self.lines.append(_fit(segments, sys.maxsize if self.full else self.width,
@@ -530,6 +561,10 @@ class _View:
         if run.state is RunState.RUNNING:
             self.field("worker", (f"{run.worker}    lease until {utc(run.lease_expires_at)}",
                                   None))
+            if self.gone is not None:  # wrapped to the width, never cut
+                self.lines.extend(textwrap.wrap(
+                    self.gone.phrase(), self.width, initial_indent=" " * 10,
+                    subsequent_indent=" " * 10))
         if run.state is RunState.COMPLETED:
             self.field("result", (one_line(json.dumps(run.result)), None))
         if run.error:  # in full, as it is: the steps it would refer to may not be shown
@@ -596,7 +631,7 @@ class _View:
         took_text = duration(took) if isinstance(took, float) else ""
         if state == "in_doubt":
             took_text = "unknown"
-        text = _row_text(run, row)
+        text = _row_text(run, row, self.gone is not None)
         activity = clip(str(row["activity"]), self.act)
         self.add((f"{clock:<{self.TIME}}  {row['step']!s:>{self.STEP}}  "
                   f"{activity:<{self.act}} ", None),
@@ -697,8 +732,9 @@ def _numbers(numbers: list[int]) -> str:
     return ("step " if len(numbers) == 1 else "steps ") + ", ".join(map(str, numbers))
 
 
-def _row_text(run: Run, row: dict[str, JSON]) -> str:
-    """The row's last column: the summary, or what the state needs said."""
+def _row_text(run: Run, row: dict[str, JSON], gone: bool = False) -> str:
+    """The row's last column: the summary, or what the state needs said (``gone``: the
+    running run's worker is dead for sure, so its step is no longer in flight)."""
     parts: list[str] = []
     state = row["state"]
     if state == "retrying" and row.get("retry_in") is not None:
@@ -706,7 +742,7 @@ def _row_text(run: Run, row: dict[str, JSON]) -> str:
     if state in ("in_doubt", "accepted") and row["note"]:
         parts.append(str(row["note"]))
     if state == "started" and run.state is RunState.RUNNING:
-        parts.append("in flight")
+        parts.append(STEP_OF_THE_DEAD if gone else "in flight")
     if row["summary"] is not None:
         parts.append(_short(row["summary"]))
     return one_line(" · ".join(parts))
@@ -748,9 +784,16 @@ def waiting_phrase(run: Run, entries: Sequence[JournalEntry] | None = None,
     return f"{'sleeping' if reason == 'sleep' else reason} until {utc(run.run_at)}{short}"
 
 
-def list_note(run: Run, now: float) -> str:
+STEP_OF_THE_DEAD = "its worker died during it"
+"""What is said of the step a running run had in flight when its worker died for sure."""
+
+
+def list_note(run: Run, now: float, gone: GoneHolder | None = None) -> str:
     """What a runs list says of a run where an error would be (``durable list``, the
-    console's runs list): its error, or what a run released to wait waits for."""
+    console's runs list): its error, or what a run released to wait waits for, or that
+    the worker of a running run died (``gone``)."""
+    if gone is not None and run.state is RunState.RUNNING:
+        return gone.note()
     waiting = waiting_phrase(run, now=now)
     return run.error or (f"waiting {waiting}" if waiting else "")
 

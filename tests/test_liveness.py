@@ -55,6 +55,12 @@ async def held_by_process(client: durable.Client, run_id: str) -> durable.Run:
     return run
 
 
+async def holding_in_process(client: durable.Client, log: Path, run_id: str) -> durable.Run:
+    """The run once the worker process's step holds it (``hold:`` in the step's log)."""
+    await poll(lambda: any(x.startswith("hold:") for x in lines(log)), timeout=20)
+    return await held_by_process(client, run_id)
+
+
 async def taken_over(client: durable.Client, before: durable.Run) -> durable.Run:
     """The run under a newer epoch (claimed again), asserting the old lease still held."""
     async def newer() -> durable.Run | None:

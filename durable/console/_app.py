@@ -124,7 +124,8 @@ class Console:
         return render.RunDetail(run, entries,
                                 RecoveryReport.build(run, entries, self.console_url),
                                 progress(run, entries), records, await store.now(),
-                                approval_view(run, entries, signals), signals, pause)
+                                approval_view(run, entries, signals), signals, pause,
+                                (await self.client.gone_holders([run])).get(run.id))
 
     async def runs(self, query: render.ListQuery, before: str | None
                    ) -> tuple[list[Run], dict[str, int] | None, str | None]:
@@ -504,14 +505,16 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         return html(request, render.runs_page(query, runs, counts, cursor,
                                               console.chrome(request), before=before,
                                               paused=await console.client.paused(),
-                                              now=await console.client.store.now()))
+                                              now=await console.client.store.now(),
+                                              gone=await console.client.gone_holders(runs)))
 
     async def runs_live(request: Request) -> Response:
         query = _list_query(request)
         runs, counts, cursor = await console.runs(query, request.query_params.get("before"))
         return HTMLResponse(render.runs_fragment(query, runs, counts, cursor,
                                                  await console.client.paused(),
-                                                 await console.client.store.now()))
+                                                 await console.client.store.now(),
+                                                 await console.client.gone_holders(runs)))
 
     async def run_get(request: Request) -> Response:
         run_id, live = _run_target(request, ("live",))

@@ -23,6 +23,8 @@ from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
 from .._report import (
+    STEP_OF_THE_DEAD,
+    GoneHolder,
     RecoveryReport,
     _current_epoch,
     duration,
@@ -137,13 +139,14 @@ class ListQuery:
 
 def runs_page(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int] | None,
               next_cursor: str | None, chrome: Chrome, *, before: str | None,
-              paused: Sequence[PausedWorkflow] = (), now: float = 0.0) -> str:
+              paused: Sequence[PausedWorkflow] = (), now: float = 0.0,
+              gone: Mapping[str, GoneHolder] | None = None) -> str:
     """The runs list; its table refreshes itself in place (the same page: ``before`` kept)."""
     live = "/live/runs?" + query.params(before=before)  # not under /runs/: any id is a run's
     body = f"""<h1>Runs</h1>
 {filters_form(query)}
 <section class="live" data-poll="{attr(live)}" data-poll-interval="2000" data-poll-name="runs">
-{runs_fragment(query, runs, counts, next_cursor, paused, now)}
+{runs_fragment(query, runs, counts, next_cursor, paused, now, gone)}
 </section>"""
     return page("Runs", body, chrome)
 
@@ -166,9 +169,11 @@ def filters_form(query: ListQuery) -> str:
 
 def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, int] | None,
                   next_cursor: str | None, paused: Sequence[PausedWorkflow] = (),
-                  now: float = 0.0) -> str:
+                  now: float = 0.0, gone: Mapping[str, GoneHolder] | None = None) -> str:
     """The list's counts, table and pager. ``counts`` None: not counted (an id prefix),
-    and the chips say so rather than show the counts of runs the list does not select."""
+    and the chips say so rather than show the counts of runs the list does not select.
+    ``gone``: the running runs whose worker died for sure, by id (their detail says so)."""
+    gone = gone or {}
     held = {p.workflow for p in paused}
     every_state = attrs.evolve(query, state=None).params()
 
@@ -193,7 +198,8 @@ def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, in
             f"<td>{text(run.workflow)}</td><td>{text(run.key or '-')}</td>"
             f"<td>{badge(run.state.value)}{_held(run, held)}</td><td>{run.attempt}</td>"
             f"<td>{when(run.created_at)}</td><td>{when(run.updated_at)}</td>"
-            f'<td class="detail">{text(_first_line(list_note(run, now)))}</td></tr>')
+            f'<td class="detail">{text(_first_line(list_note(run, now, gone.get(run.id))))}'
+            "</td></tr>")
     table = ("<table class=\"runs\"><thead><tr><th>id</th><th>workflow</th><th>key</th>"
              "<th>state</th><th>attempt</th><th>created</th><th>updated</th><th>detail</th>"
              "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
@@ -249,6 +255,8 @@ class RunDetail:
     """Every signal recorded for the run, in order (``Store.list_signals``)."""
     paused: PausedWorkflow | None = None
     """The pause of the run's workflow, if it is paused (and the run not finished)."""
+    gone: GoneHolder | None = None
+    """The running run's worker, dead for sure (``Client.gone_holders``)."""
 
 
 def run_page(detail: RunDetail, chrome: Chrome, *, flash: str = "") -> str:
@@ -296,6 +304,8 @@ def header(d: RunDetail) -> str:
     elif run.state is RunState.QUEUED and run.run_at > d.now:
         delayed = (f'<p class="delayed-start">Starts {countdown(run.run_at)} '
                    f"(at {when(run.run_at, ago=False)}); it can be cancelled until then.</p>")
+    if d.gone is not None and run.state is RunState.RUNNING:
+        delayed += f'<p class="worker-gone">{text(d.gone.phrase())}.</p>'
     cancel = (' <span class="badge cancel-requested">cancel requested</span>'
               if run.cancel_requested and not run.state.finished else "")
     rows = [
@@ -436,8 +446,9 @@ def steps_block(d: RunDetail) -> str:
     for row in timeline_rows(d.run, d.entries):
         if "event" not in row and isinstance(row["step"], int):
             last[row["step"]] = row
+    gone = d.gone is not None and d.run.state is RunState.RUNNING
     items = [step_item(step, by_step.get(step.number, []), current, d.run,
-                       last.get(step.number)) for step in history.ordered()]
+                       last.get(step.number), gone=gone) for step in history.ordered()]
     if not items:
         return ('<section class="steps"><h2>Steps</h2><p class="empty">No steps yet.</p>'
                 "</section>")
@@ -463,8 +474,13 @@ def _step_state(step: StepView, current: int, row: Mapping[str, JSON] | None = N
 
 
 def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run: Run,
-              row: Mapping[str, JSON] | None = None) -> str:
+              row: Mapping[str, JSON] | None = None, *, gone: bool = False) -> str:
+    """A step of the run's page. ``gone``: the running run's worker died for sure, so a
+    step in flight is said to have lost it (not "in flight")."""
     state = _step_state(step, current, row)
+    shown_gone = gone and state == "started"  # not "in flight": its worker is dead
+    shown = ('<span class="badge state-started">worker died</span>' if shown_gone
+             else badge(state))
     took = ""
     if (step.started_at is not None and step.ended_at is not None and state != "in_doubt"
             and not step.name.startswith("durable.")):
@@ -475,8 +491,10 @@ def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run
             else tries(step.tries))
     lines = [f'<li class="step state-{state}" id="step-{step.number}">'
              f'<a class="anchor" href="#step-{step.number}">#{step.number}</a> '
-             f'<b class="activity">{text(step.name)}</b> {badge(state)} '
+             f'<b class="activity">{text(step.name)}</b> {shown} '
              f'<small>key {text(step.key)} · {what}{took}{accepted}</small>']
+    if shown_gone:
+        lines.append(f'<div class="worker-gone">{text(STEP_OF_THE_DEAD)}</div>')
     if step.summary is not None:
         lines.append(f'<div class="summary">{text(step.summary)}</div>')
     elif _waited(step, row):
