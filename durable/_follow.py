@@ -35,9 +35,9 @@ from ._report import (
     Segment,
     _clock,
     _datetime,
-    _event_phrase,
     _fit,
     _View,
+    event_phrase,
     timeline_rows,
     utc,
 )
@@ -93,7 +93,7 @@ class _FollowView(_View):
         clock = _clock(at) if isinstance(at, float) else "-"
         if "event" in row:
             self.add((f"{clock:<{self.TIME}}  {'':>{self.STEP}}  ", "dim"),
-                     (f"· {_event_phrase(row)}", "dim"))
+                     (f"· {event_phrase(row)}", "dim"))
         else:
             self._step_row(run, row, clock, self.shown_errors)
 

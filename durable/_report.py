@@ -620,7 +620,7 @@ class _View:
             clock = _clock(at) if isinstance(at, float) else "-"
             if "event" in row:
                 self.add((f"{clock:<{self.TIME}}  {'':>{self.STEP}}  ", "dim"),
-                         (f"· {_event_phrase(row)}", "dim"))
+                         (f"· {event_phrase(row)}", "dim"))
                 continue
             self._step_row(run, row, clock, shown_errors)
 
@@ -631,7 +631,7 @@ class _View:
         took_text = duration(took) if isinstance(took, float) else ""
         if state == "in_doubt":
             took_text = "unknown"
-        text = _row_text(run, row, self.gone is not None)
+        text = row_text(run, row, self.gone is not None)
         activity = clip(str(row["activity"]), self.act)
         self.add((f"{clock:<{self.TIME}}  {row['step']!s:>{self.STEP}}  "
                   f"{activity:<{self.act}} ", None),
@@ -732,9 +732,10 @@ def _numbers(numbers: list[int]) -> str:
     return ("step " if len(numbers) == 1 else "steps ") + ", ".join(map(str, numbers))
 
 
-def _row_text(run: Run, row: dict[str, JSON], gone: bool = False) -> str:
-    """The row's last column: the summary, or what the state needs said (``gone``: the
-    running run's worker is dead for sure, so its step is no longer in flight)."""
+def row_text(run: Run, row: Mapping[str, JSON], gone: bool = False) -> str:
+    """A step row's last column: the summary, or what the state needs said (``show``'s
+    timeline and the console's table of a step's tries; ``gone``: the running run's worker
+    is dead for sure, so its step is no longer in flight)."""
     parts: list[str] = []
     state = row["state"]
     if state == "retrying" and row.get("retry_in") is not None:
@@ -858,7 +859,9 @@ _RELEASES = frozenset({EntryKind.RUN_WAITING, EntryKind.RUN_CLAIMED, EntryKind.R
                        EntryKind.RUN_RECOVERED, EntryKind.RUN_REPLAYED})
 
 
-def _event_phrase(row: dict[str, JSON]) -> str:
+def event_phrase(row: Mapping[str, JSON]) -> str:
+    """What a run event of :func:`timeline_rows` says, in the words of ``show``'s timeline
+    (and the console's table of attempts): never the entry's kind nor a raw time."""
     kind = row["event"]
     detail = row["detail"] if isinstance(row["detail"], dict) else {}
     at = row["at"] if isinstance(row["at"], float) else 0.0

@@ -112,7 +112,7 @@ async def test_a_signal_from_the_form_reaches_the_waiting_workflow(
         assert 'data-signal-seq="1"' in after and "received by" in after
         assert "127.0.0.1 (console)" in after
         actions = re.search(r'<section class="attempts">.*?</section>', after, re.S)
-        assert actions and "signal_sent" in actions.group(0)  # among the operator actions
+        assert actions and "signal &#x27;go&#x27; sent (seq 1, id" in actions.group(0)
         assert "user_agent pytest-operator" in actions.group(0)
         assert 'action="/runs/sig-3/signal"' not in after  # finished: no more form
         api = (await http.get("/api/runs/sig-3")).json()

@@ -336,11 +336,11 @@ async def _finished(client: durable.Client, run_id: str) -> Any:
 
 
 def test_a_recovery_by_the_liveness_lock_says_the_worker_died() -> None:
-    from durable._report import _event_phrase
+    from durable._report import event_phrase
 
-    died = _event_phrase({"event": "run_recovered", "at": 1.0,
+    died = event_phrase({"event": "run_recovered", "at": 1.0,
                           "detail": {"worker": "vm:1:ab", "worker_died": True}})
     assert died.startswith("run recovered: worker vm:1:ab died")
-    expired = _event_phrase({"event": "run_recovered", "at": 1.0,
+    expired = event_phrase({"event": "run_recovered", "at": 1.0,
                              "detail": {"worker": "vm:1:ab"}})
     assert "the lease of worker vm:1:ab expired" in expired

@@ -28,9 +28,10 @@ from .._report import (
     RecoveryReport,
     _current_epoch,
     duration,
+    event_phrase,
     list_note,
-    overdue_phrase,
     paused_phrase,
+    row_text,
     run_path,
     timeline_rows,
     utc,
@@ -438,17 +439,13 @@ def report_block(d: RunDetail) -> str:
 def steps_block(d: RunDetail) -> str:
     history = History.fold(d.entries)
     current = _current_epoch(d.run)
-    by_step: dict[int, list[JournalEntry]] = {}
-    for e in d.entries:
-        if e.step is not None:
-            by_step.setdefault(e.step, []).append(e)
-    last: dict[int, dict[str, JSON]] = {}  # each step's last row in show's timeline
+    rows: dict[int, list[dict[str, JSON]]] = {}  # each step's rows in show's timeline
     for row in timeline_rows(d.run, d.entries):
         if "event" not in row and isinstance(row["step"], int):
-            last[row["step"]] = row
+            rows.setdefault(row["step"], []).append(row)
     gone = d.gone is not None and d.run.state is RunState.RUNNING
-    items = [step_item(step, by_step.get(step.number, []), current, d.run,
-                       last.get(step.number), gone=gone) for step in history.ordered()]
+    items = [step_item(step, current, d.run, rows.get(step.number, []), gone=gone)
+             for step in history.ordered()]
     if not items:
         return ('<section class="steps"><h2>Steps</h2><p class="empty">No steps yet.</p>'
                 "</section>")
@@ -473,10 +470,12 @@ def _step_state(step: StepView, current: int, row: Mapping[str, JSON] | None = N
     return step.state.value
 
 
-def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run: Run,
-              row: Mapping[str, JSON] | None = None, *, gone: bool = False) -> str:
-    """A step of the run's page. ``gone``: the running run's worker died for sure, so a
-    step in flight is said to have lost it (not "in flight")."""
+def step_item(step: StepView, current: int, run: Run,
+              rows: Sequence[Mapping[str, JSON]] = (), *, gone: bool = False) -> str:
+    """A step and its tries, each try as a row of ``show``'s timeline says it (its state,
+    epoch, start, duration and summary, error or note). ``gone``: the running run's worker
+    died for sure, so a step in flight is said to have lost it (not "in flight")."""
+    row = rows[-1] if rows else None
     state = _step_state(step, current, row)
     shown_gone = gone and state == "started"  # not "in flight": its worker is dead
     shown = ('<span class="badge state-started">worker died</span>' if shown_gone
@@ -512,14 +511,20 @@ def step_item(step: StepView, entries: Sequence[JournalEntry], current: int, run
             f"{step.epoch}, scope <code>{text(run.fencing_scope)}</code>), then replay with "
             "<i>re-run</i> (if it did not happen) or <i>accept</i> (if it did).</div>")
     tries_rows = []
-    for e in entries:
-        detail = e.data.get("error") or e.data.get("reason") or e.data.get("summary") or ""
-        tries_rows.append(f"<tr><td>{e.try_number or ''}</td><td>{e.kind.value}</td>"
-                          f"<td>{e.epoch}</td><td>{when(e.at)}</td><td>{text(detail)}</td></tr>")
+    for r in rows:
+        at = r["start"] or r.get("noticed_at") or r["end"]
+        took = r["took"]
+        took_text = ("unknown" if r["state"] == "in_doubt" else
+                     duration(took) if isinstance(took, float) else "")
+        said = " · ".join(str(part) for part in (row_text(run, r, gone), r["error"]) if part)
+        tries_rows.append(f"<tr><td>{r['try'] or ''}</td><td>{badge(str(r['state']))}</td>"
+                          f"<td>{r['epoch']}</td>"
+                          f"<td>{when(at if isinstance(at, float) else None)}</td>"
+                          f"<td>{took_text}</td><td>{text(said)}</td></tr>")
     if tries_rows:
-        lines.append('<details class="tries"><summary>tries and entries</summary><table>'
-                     "<tr><th>try</th><th>entry</th><th>epoch</th><th>at</th><th></th></tr>"
-                     + "".join(tries_rows) + "</table></details>")
+        lines.append('<details class="tries"><summary>tries</summary><table>'
+                     "<tr><th>try</th><th>state</th><th>epoch</th><th>at</th><th>took</th>"
+                     "<th></th></tr>" + "".join(tries_rows) + "</table></details>")
     lines.append("</li>")
     return "".join(lines)
 
@@ -550,40 +555,31 @@ def signals_block(d: RunDetail) -> str:
             "<th>payload</th><th></th></tr>" + "".join(rows) + "</table></section>")
 
 
+_ACTIONS = frozenset({"run_claimed", "run_interrupted", "run_recovered", "run_replayed",
+                      "run_cancel_requested", "run_cancelled", "run_failed", "run_completed",
+                      "signal_sent"})
+
+
 def attempts_block(d: RunDetail) -> str:
+    """The run's attempts and the operators' actions, each said as ``show``'s timeline says
+    it (:func:`event_phrase`), with where an action came from."""
     rows = []
-    for e in d.entries:
-        if e.kind in (EntryKind.RUN_CLAIMED, EntryKind.RUN_INTERRUPTED, EntryKind.RUN_RECOVERED,
-                      EntryKind.RUN_REPLAYED, EntryKind.RUN_CANCEL_REQUESTED,
-                      EntryKind.RUN_CANCELLED, EntryKind.RUN_FAILED, EntryKind.RUN_COMPLETED,
-                      EntryKind.SIGNAL_SENT):
-            what = _event_text(e)
-            rows.append(f"<tr><td>{when(e.at)}</td><td>{e.kind.value}</td><td>{e.epoch}</td>"
-                        f"<td>{what}</td></tr>")
+    for row in timeline_rows(d.run, d.entries):
+        if row.get("event") not in _ACTIONS:
+            continue
+        what = text(event_phrase(row))
+        detail = row["detail"]
+        origin = detail.get("origin") if isinstance(detail, Mapping) else None
+        if isinstance(origin, Mapping):
+            what += "; from " + ", ".join(f"{text(k)} {text(v)}" for k, v in origin.items())
+        at = row["at"]
+        rows.append(f"<tr><td>{when(at if isinstance(at, float) else None)}</td>"
+                    f"<td>{row['epoch']}</td><td>{what}</td></tr>")
     if not rows:
         return ""
     return ('<section class="attempts"><h2>Attempts and operator actions</h2><table>'
-            "<tr><th>at</th><th>event</th><th>epoch</th><th>detail</th></tr>"
+            "<tr><th>at</th><th>epoch</th><th>event</th></tr>"
             + "".join(rows) + "</table></section>")
-
-
-def _event_text(e: JournalEntry) -> str:
-    data = dict(e.data)
-    if e.kind is EntryKind.RUN_COMPLETED and data.get("overdue"):
-        ran_out = data.get("ran_out_at")
-        return text(overdue_phrase(data, utc(ran_out) if isinstance(ran_out, int | float)
-                                   else "?"))
-    parts = []
-    if e.kind is EntryKind.RUN_CLAIMED:
-        parts.append(f"attempt {e.attempt} by worker {text(data.get('worker'))}")
-    origin = data.pop("origin", None)
-    for k, v in data.items():
-        if e.kind is EntryKind.RUN_CLAIMED and k == "worker":
-            continue
-        parts.append(f"{text(k)}: {text(v)}")
-    if isinstance(origin, Mapping):
-        parts.append("from " + ", ".join(f"{text(k)} {text(v)}" for k, v in origin.items()))
-    return "; ".join(parts)
 
 
 def records_block(d: RunDetail) -> str:
