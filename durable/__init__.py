@@ -63,6 +63,7 @@ from ._types import JournalEntry as JournalEntry
 from ._types import PausedWorkflow as PausedWorkflow
 from ._types import Run as Run
 from ._types import RunState as RunState
+from ._types import StartedRun as StartedRun
 from ._types import StepState as StepState
 from ._version import __version__ as __version__
 from ._worker import Worker as Worker
@@ -112,6 +113,7 @@ __all__ = [
     "SchemaVersionError",
     "SignalTimeout",
     "StaleRecordError",
+    "StartedRun",
     "StepInDoubtError",
     "StepState",
     "Store",

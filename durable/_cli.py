@@ -38,6 +38,8 @@ from ._report import (
     parse_time,
     paused_phrase,
     render_timeline,
+    resumed_phrase,
+    started_phrase,
     terminal_width,
     use_color,
 )
@@ -188,7 +190,7 @@ async def _cmd_start(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(run_json(run), indent=2))
     else:
-        print(f"{run.id}  {run.workflow}  {run.state.value}")
+        print(started_phrase(run))
     return 0
 
 
@@ -407,11 +409,7 @@ async def _cmd_pause(args: argparse.Namespace) -> int:
 async def _cmd_resume(args: argparse.Namespace) -> int:
     async with _existing(args) as client:
         ended = await client.resume(args.workflow)
-    if ended is None:
-        print(f"{args.workflow} was not paused; nothing changed")
-    else:
-        print(f"{ended.workflow} resumed (it was {paused_phrase(ended)}): its runs are "
-              "claimed again")
+    print(resumed_phrase(args.workflow, ended))
     return 0
 
 

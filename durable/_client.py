@@ -45,6 +45,7 @@ from ._types import (
     RunState,
     Signal,
     SignalSent,
+    StartedRun,
     StepState,
     check_key,
     check_printable,
@@ -106,59 +107,59 @@ class Client:
     async def start(self, workflow: BoundWorkflow[Any], *, id: str | None = ...,
                     key: str | None = ..., run_at: When = ..., delay: float | None = ...,
                     timeout: float | None = ...,
-                    start_within: float | None = ...) -> Run: ...
+                    start_within: float | None = ...) -> StartedRun: ...
 
     @overload
     async def start(self, workflow: Workflow[P, Any], *args: P.args,
-                    **kwargs: P.kwargs) -> Run: ...
+                    **kwargs: P.kwargs) -> StartedRun: ...
 
     @overload  # with at least one option: the arguments unchecked
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None, key: str | None = ...,
                     run_at: When = ..., delay: float | None = ...,
                     timeout: float | None = ...,
-                    start_within: float | None = ...) -> Run: ...
+                    start_within: float | None = ...) -> StartedRun: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None,
                     run_at: When = ..., delay: float | None = ...,
                     timeout: float | None = ...,
-                    start_within: float | None = ...) -> Run: ...
+                    start_within: float | None = ...) -> StartedRun: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When, delay: float | None = ...,
                     timeout: float | None = ...,
-                    start_within: float | None = ...) -> Run: ...
+                    start_within: float | None = ...) -> StartedRun: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When = ..., delay: float | None,
                     timeout: float | None = ...,
-                    start_within: float | None = ...) -> Run: ...
+                    start_within: float | None = ...) -> StartedRun: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When = ..., delay: float | None = ...,
                     timeout: float | None,
-                    start_within: float | None = ...) -> Run: ...
+                    start_within: float | None = ...) -> StartedRun: ...
 
     @overload
     async def start(self, workflow: Workflow[..., Any] | str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When = ..., delay: float | None = ...,
-                    timeout: float | None = ..., start_within: float | None) -> Run: ...
+                    timeout: float | None = ..., start_within: float | None) -> StartedRun: ...
 
     @overload  # by name, no option
     async def start(self, workflow: str, *args: JSON,
                     id: str | None = ..., key: str | None = ...,
                     run_at: When = ..., delay: float | None = ...,
                     timeout: float | None = ...,
-                    start_within: float | None = ...) -> Run: ...
+                    start_within: float | None = ...) -> StartedRun: ...
 
     async def start(
         self,
@@ -171,8 +172,9 @@ class Client:
         timeout: Any = None,
         start_within: Any = None,
         **kwargs: Any,
-    ) -> Run:
-        """Queue a run. Idempotent by ``id``: an existing run with that id is returned.
+    ) -> StartedRun:
+        """Queue a run. Idempotent by ``id``: an existing run with that id is returned
+        (:attr:`StartedRun.created` says which: True when this start queued it).
 
         ``workflow`` is the :class:`Workflow` (a type checker then checks the arguments
         against its parameters, when no option is given: Python's typing cannot check them
@@ -246,7 +248,7 @@ class Client:
             if hub.workers:  # (no await since the insert returned: see told_here)
                 self.store.told_here(run.id)  # its change signal is no news to them
             self.log.info("run_started", workflow_id=run.id, workflow=name, key=key)
-        return run
+        return StartedRun.of(run, created)
 
     async def _answered(self, send: Callable[[], Awaitable[T]],
                         again: Callable[[], Awaitable[T]], event: str, what: str,

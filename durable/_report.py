@@ -40,6 +40,7 @@ from ._types import (
     Run,
     RunState,
     Signal,
+    StartedRun,
     StepState,
 )
 
@@ -837,6 +838,28 @@ def start_by_phrase(run: Run) -> str:
 def paused_phrase(pause: PausedWorkflow) -> str:
     """``paused since T by user@host (cli)``: a paused workflow, for messages."""
     return f"paused since {utc(pause.paused_at)} by {origin_text(pause.origin)}"
+
+
+def resumed_phrase(workflow: str, ended: PausedWorkflow | None) -> str:
+    """What a resume did, from what the store returned (the pause it ended, or None): a
+    resume sent again after its answer was lost (a script's retry) finds no pause, which is
+    said as the state it leaves, not as a failure (the store keeps no ended pause, so it
+    cannot tell that from a workflow never paused)."""
+    if ended is None:
+        return (f"{workflow} is not paused (resumed already, or never paused): its runs are "
+                "claimed as usual; nothing to do")
+    return f"{ended.workflow} resumed (it was {paused_phrase(ended)}): its runs are claimed again"
+
+
+def started_phrase(run: StartedRun) -> str:
+    """``ID  WORKFLOW  STATE`` of a run a start returned, and, when the run was there before
+    (:attr:`StartedRun.created` False: an idempotent start again), that it is that run as it
+    is, in whatever state, and nothing new was queued."""
+    line = f"{run.id}  {run.workflow}  {run.state.value}"
+    if run.created:
+        return line
+    return (f"{line}  (started before with these arguments: that run, as it is; nothing new "
+            "queued)")
 
 
 def overdue_phrase(detail: Mapping[str, JSON], ran_out: str) -> str:

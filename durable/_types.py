@@ -309,6 +309,23 @@ class Run:
         return attrs.evolve(self, **changes)
 
 
+@attrs.frozen
+class StartedRun(Run):
+    """What :meth:`Client.start <durable.Client.start>` returns: the run, and whether this
+    start queued it."""
+
+    created: bool = attrs.field(default=False, kw_only=True)
+    """True when this start queued the run (or a send of it whose answer was lost did);
+    False when a run of that id was there before, of the same workflow, arguments and key:
+    a start again, idempotent, that returns that run as it is (in whatever state) and
+    queues nothing."""
+
+    @classmethod
+    def of(cls, run: Run, created: bool) -> StartedRun:
+        return cls(**{f.name: getattr(run, f.name) for f in attrs.fields(Run)},
+                   created=created)
+
+
 def _optional(row: Mapping[str, Any], column: str) -> Any:
     """A column added by a later migration (absent from rows of an explicit column list)."""
     try:

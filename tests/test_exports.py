@@ -25,7 +25,7 @@ PUBLIC = [
     "RecoveryReport",
     "RedactingFilter", "Registry", "ResultUnknownError", "RetryPolicy", "Run",
     "RunConflictError", "RunNotFoundError", "RunPrunedError", "RunState", "Schedule",
-    "ScheduleSpec", "SchemaVersionError", "SignalTimeout", "StaleRecordError",
+    "ScheduleSpec", "SchemaVersionError", "SignalTimeout", "StaleRecordError", "StartedRun",
     "StepInDoubtError", "StepState",
     "Store", "StoreError", "StoreUnavailableError", "UnknownWorkflowError", "WallClock",
     "Worker", "Workflow", "WorkflowContext", "abort_process_group", "activity",

@@ -201,7 +201,8 @@ def test_the_cli_pauses_lists_shows_and_resumes(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.startswith("cli.hello resumed (it was paused since ")
     assert cli("resume", "cli.hello", db=db).stdout.strip() == \
-        "cli.hello was not paused; nothing changed"
+        ("cli.hello is not paused (resumed already, or never paused): its runs are claimed "
+         "as usual; nothing to do")
     assert cli("paused", db=db).stdout.strip() == "no paused workflow"
     assert "paused" not in cli("show", "h1", db=db).stdout.split("time UTC")[0]
 

@@ -65,7 +65,7 @@ async def enqueue(client: durable.Client, store: durable.Store) -> None:
     await client.start("typed.total", text="abc")  # E: No overload variant of "start" of "Client" matches argument types
     await client.start(total.bind("abc"), id="x", key="k")  # E: Missing positional argument "times" in call to "bind" of "Workflow"
     await client.start(total.bind("abc", 2), "more")  # E: No overload variant of "start" of "Client" matches argument types "BoundWorkflow[int]", "str"
-    run: int = await client.start(total, "abc", 2)  # E: Incompatible types in assignment (expression has type "Run", variable has type "int")
+    run: int = await client.start(total, "abc", 2)  # E: Incompatible types in assignment (expression has type "StartedRun", variable has type "int")
     durable.Worker(store, workflows=[total, count])  # E: List item 1 has incompatible type "Activity[[str, int], int]"
 '''  # noqa: E501
 

@@ -52,7 +52,15 @@ from .._errors import (
 from .._hosts import foreign_name, loopback
 from .._logging import get_logger, redact, redact_json
 from .._progress import progress
-from .._report import RecoveryReport, cancel_phrase, parse_time, paused_phrase, run_path, utc
+from .._report import (
+    RecoveryReport,
+    cancel_phrase,
+    parse_time,
+    paused_phrase,
+    resumed_phrase,
+    run_path,
+    utc,
+)
 from .._shapes import entry_json, run_json, show_json
 from .._types import JSON, MAX_JSON_DEPTH, EntryKind, Run, RunState, dumps
 from . import _render as render
@@ -199,8 +207,7 @@ class Console:
                            "until it is resumed")
             else:
                 ended = await self.client.resume(workflow)
-                message = (f"{workflow} was not paused" if ended is None else
-                           f"{workflow} resumed: its runs are claimed again")
+                message = resumed_phrase(workflow, ended)
         elif action == "cancel":
             run = await self.client.cancel(run_id, origin=origin)
             entries = await self.client.journal(run_id) if run.state.finished else []
