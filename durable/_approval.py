@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._commands import command
 from ._errors import (
     ConfigError,
     DurableError,
@@ -267,7 +268,7 @@ class ClosedPlan:
 
     def __str__(self) -> str:  # as the client and the command line say it
         return (f"{self.reason}; replay it from the plan step to plan again and ask anew: "
-                f"durable replay {self.run_id} --from-step {self.plan_step}")
+                f"{command('replay', self.run_id, '--from-step', self.plan_step)}")
 
 
 class PlanClosedError(InvalidStateError):

@@ -24,6 +24,7 @@ from anyio.abc import TaskStatus
 
 from ._approval import APPROVE, REJECT, send_decision
 from ._client import Client, InDoubt, check_step, describe_replay
+from ._commands import command
 from ._errors import ConfigError, DurableError, InvalidStateError, RunNotFoundError
 from ._follow import Follower
 from ._logging import configure_logging, redact
@@ -186,7 +187,7 @@ async def _cmd_start(args: argparse.Namespace) -> int:
         pause = await client.pause_of(run.workflow)
     if pause is not None and run.state is RunState.QUEUED:
         print(f"durable: note: {run.workflow} is {paused_phrase(pause)}: the run waits until "
-              f"durable resume {run.workflow}", file=sys.stderr)
+              f"{command('resume', run.workflow)}", file=sys.stderr)
     if args.json:
         print(json.dumps(run_json(run), indent=2))
     else:
@@ -217,7 +218,7 @@ async def _cmd_list(args: argparse.Namespace) -> int:
         # a queued run of a paused workflow, that it waits for the resume
         note = list_note(r, now, gone.get(r.id))
         if r.state is RunState.QUEUED and r.workflow in held:
-            note = f"paused (durable resume {r.workflow}){'; ' + note if note else ''}"
+            note = f"paused ({command('resume', r.workflow)}){'; ' + note if note else ''}"
         print(f"{r.id:<36} {r.workflow:<20} {(r.key or '-'):<16} {r.state.value:<10} "
               f"{r.attempt:>7}  {clip(one_line(note), 60)}")
     return 0
@@ -285,7 +286,7 @@ async def _follow_run(args: argparse.Namespace) -> int:
     if interrupted:
         follower.stop()
         print(f"durable: stopped following {args.id}; the run itself goes on (cancel it with "
-              f"python -m durable cancel {args.id})", file=sys.stderr)
+              f"{command('cancel', args.id, python=True)})", file=sys.stderr)
         return 130
     return 0
 
@@ -401,7 +402,7 @@ async def _cmd_pause(args: argparse.Namespace) -> int:
         print(f"durable: note: no run of {args.workflow!r} was ever started in this "
               "database (paused all the same; durable resume undoes it)", file=sys.stderr)
     print(f"{pause.workflow} {paused_phrase(pause)}: no attempt of it starts until "
-          f"`durable resume {pause.workflow}` ({queued} queued run"
+          f"`{command('resume', pause.workflow)}` ({queued} queued run"
           f"{' waits' if queued == 1 else 's wait'}; running ones go on)")
     return 0
 
@@ -1079,8 +1080,8 @@ def build_parser() -> _Parser:
     p = sub.add_parser("worker", help="run a worker (same as python -m durable.worker)",
                        description=WORKER_DESCRIPTION)
     _worker_options(p)
-    for command in sub.choices.values():
-        command.set_defaults(command_parser=command)
+    for each in sub.choices.values():
+        each.set_defaults(command_parser=each)
     for nested in schedule_actions:
         nested.set_defaults(command_parser=nested)
     return parser

@@ -17,6 +17,7 @@ import anyio
 from . import _liveness, _wake
 from ._approval import PlanClosedError, closed_plan
 from ._clock import Clock
+from ._commands import command
 from ._errors import (
     ConfigError,
     InvalidStateError,
@@ -233,7 +234,7 @@ class Client:
         run, created = await self._answered(
             lambda: self.store.create_run(new), lambda: self._start_again(new),
             "start_outcome_unknown", f"the start of run {run_id!r}",
-            f"it may have been queued; look it up (durable show {run_id}), or start it "
+            f"it may have been queued; look it up ({command('show', run_id)}), or start it "
             f"again with id {run_id!r}, which does nothing if it was", workflow_id=run_id)
         if not created and (run.workflow != name or not same_json(run.args, arg_list)
                             or run.key != key):
@@ -482,7 +483,7 @@ class Client:
             lambda: self.store.request_cancel(run_id, by=by),
             lambda: self._cancel_again(run_id, by), "cancel_outcome_unknown",
             f"the cancel of run {run_id!r}", f"it may have been recorded; look it up "
-            f"(durable show {run_id}), or cancel it again", workflow_id=run_id)
+            f"({command('show', run_id)}), or cancel it again", workflow_id=run_id)
         if cancelled is None:
             run = await self.get(run_id)
             raise InvalidStateError(f"run {run_id} is {run.state.value}; nothing to cancel")
@@ -536,7 +537,7 @@ class Client:
             lambda: self._signal_again(run_id, name, payload, signal_id, by,
                                        chosen_here=id is None),
             "signal_outcome_unknown", f"the signal {name!r} to run {run_id!r}",
-            f"it may have been recorded; look it up (durable show {run_id}), or send it "
+            f"it may have been recorded; look it up ({command('show', run_id)}), or send it "
             f"again with id {signal_id!r}, which does nothing if it was",
             workflow_id=run_id, signal=name, signal_id=signal_id)
         if sent.state is None:
@@ -626,7 +627,7 @@ class Client:
             lambda: self.store.requeue(run_id, from_step, in_doubt, by=by),
             lambda: self._replay_again(run, from_step, in_doubt, by),
             "replay_outcome_unknown", f"the replay of run {run_id!r}",
-            f"it may have been queued; look it up (durable show {run_id}) before replaying "
+            f"it may have been queued; look it up ({command('show', run_id)}) before replaying "
             "it again", workflow_id=run_id)
         if queued is None:
             raise InvalidStateError(f"run {run_id} changed state meanwhile; look again")
@@ -755,7 +756,7 @@ class Client:
         second answer means something else)."""
         return await self._answered(
             send, again or send, "schedule_outcome_unknown", f"the {change} of schedule {name!r}",
-            f"it may have been done; look it up (durable schedule show {name})",
+            f"it may have been done; look it up ({command('schedule', 'show', name)})",
             schedule=name, change=change)
 
 

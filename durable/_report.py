@@ -29,6 +29,7 @@ from urllib.parse import quote
 import attrs
 
 from ._approval import ApprovalView, approval_view, origin_text
+from ._commands import command as durable_command
 from ._errors import ConfigError
 from ._history import History, StepView, tries
 from ._types import (
@@ -59,7 +60,7 @@ def run_path(run_id: str) -> str:
 
 def step_link(run_id: str, number: int, console_url: str | None) -> str:
     """Where to look a step up: the CLI command, and the console URL when one is configured."""
-    command = f"python -m durable show {run_id} --step {number}"
+    command = durable_command("show", run_id, "--step", number, python=True)
     if console_url:
         return f"{command}  |  {console_url.rstrip('/')}{run_path(run_id)}#step-{number}"
     return command
@@ -150,7 +151,7 @@ class RecoveryReport:
                 doubt.append(line(step, "in_doubt"))
             elif step.state is StepState.STARTED:
                 not_done.append(line(step, "started"))
-        run_link = f"python -m durable show {run.id}"
+        run_link = durable_command("show", run.id, python=True)
         if console_url:
             run_link += f"  |  {console_url.rstrip('/')}{run_path(run.id)}"
         return cls(run.id, run.workflow, run.state.value, run.error, tuple(failed),
@@ -502,7 +503,7 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
     view.header(run, rows, entries)
     if paused is not None and not run.state.finished:
         view.field("paused", (f"its workflow is {paused_phrase(paused)}; no attempt starts "
-                              f"until: durable resume {run.workflow}", "error"))
+                              f"until: {durable_command('resume', run.workflow)}", "error"))
     gate = approval_view(run, entries, signals)
     if gate is not None and step is None:
         view.approval(run, gate)
@@ -587,8 +588,9 @@ class _View:
                 self.field("approval", ("none: the run ended before a decision", None))
             else:
                 self.field("approval", ("waiting", "queued"),
-                           (f"    python -m durable approve {run.id}  |  "
-                            f"python -m durable reject {run.id} --reason TEXT", None))
+                           (f"    {durable_command('approve', run.id, python=True)}  |  "
+                            f"{durable_command('reject', run.id, '--reason', 'TEXT', python=True)}",
+                            None))
             return
         style = "completed" if gate.decision == "approved" else "failed"
         note = gate.payload.get("note") or gate.payload.get("reason") \
@@ -672,7 +674,8 @@ class _View:
             links.append(s.number)
         if finished:
             options = "  [--rerun-in-doubt | --accept-in-doubt]" if report.in_doubt else ""
-            self.add(("  replay: ", None), (f"python -m durable replay {run.id}{options}", None))
+            replay = durable_command("replay", run.id, python=True)
+            self.add(("  replay: ", None), (replay + options, None))
         for number in links:
             command, _, url = step_link(run.id, number, console_url).partition("  |  ")
             self.add(("  detail: ", None), (command, None))

@@ -4,11 +4,19 @@ log) reads right: a real ``durable`` subprocess on a real SQLite file."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
+import anyio
 import pytest
 
+import durable
+import durable.testing
+from durable import RunState
+
 from .test_cli import cli
+from .test_cli_steps import _define
 
 
 @pytest.fixture
@@ -55,3 +63,47 @@ def test_a_resume_sent_again_says_the_workflow_is_not_paused_without_alarm(db: s
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == ("cli.hello is not paused (resumed already, or never "
                                     "paused): its runs are claimed as usual; nothing to do")
+
+
+ODD_ID = "slot 7 $HOME it's"
+"""A run id a shell would split, expand and end a quote in, pasted unquoted."""
+
+
+@pytest.fixture
+def failed_odd(tmp_path: Path) -> tuple[str, str]:
+    """A SQLite file with a run of id :data:`ODD_ID` failed at its step 3: its URL, and the
+    run's recovery report as text."""
+
+    async def make() -> str:
+        registry = durable.Registry()
+        _define(registry, [], {"three"})
+        async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+            async with durable.testing.running_worker(client):
+                await client.start("steps.three", id=ODD_ID)
+                assert (await client.wait(ODD_ID)).state is RunState.FAILED
+            return (await client.report(ODD_ID)).text()
+
+    return f"sqlite:///{tmp_path / 'durable.db'}", anyio.run(make)
+
+
+def _commands(text: str) -> list[list[str]]:
+    """Every ``durable`` command in ``text``, as a POSIX shell splits it when pasted."""
+    found = re.findall(r"((?:python -m )?durable (?:show|replay|approve|reject|cancel) .*?)"
+                       r"(?:  \||\)?$)", text, re.M)
+    return [shlex.split(command) for command in found]
+
+
+def test_the_commands_show_prints_name_the_run_when_pasted_into_a_shell(
+        failed_odd: tuple[str, str]) -> None:
+    shown = cli("show", ODD_ID, db=failed_odd[0])
+    assert shown.returncode == 0, shown.stderr
+    commands = _commands(shown.stdout)
+    assert ["python", "-m", "durable", "replay", ODD_ID] in commands, shown.stdout
+    assert ["python", "-m", "durable", "show", ODD_ID, "--step", "3"] in commands
+    assert all(ODD_ID in words for words in commands), commands
+
+
+def test_the_recovery_report_names_the_run_quoted(failed_odd: tuple[str, str]) -> None:
+    commands = _commands(failed_odd[1])
+    assert ["python", "-m", "durable", "show", ODD_ID] in commands
+    assert ["python", "-m", "durable", "show", ODD_ID, "--step", "3"] in commands

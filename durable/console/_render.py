@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 import attrs
 
 from .._approval import ApprovalView, closed_plan, origin_text
+from .._commands import command
 from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
@@ -215,7 +216,7 @@ def paused_banner(paused: Sequence[PausedWorkflow]) -> str:
     if not paused:
         return ""
     items = "".join(f"<li><b>{text(p.workflow)}</b> {text(paused_phrase(p))}: resume with "
-                    f"<code>durable resume {text(p.workflow)}</code></li>" for p in paused)
+                    f"<code>{text(command('resume', p.workflow))}</code></li>" for p in paused)
     return (f'<div class="paused-workflows"><p>Paused: no attempt of these workflows starts '
             f"until it is resumed; their runs stay queued.</p><ul>{items}</ul></div>")
 
@@ -330,8 +331,9 @@ def header(d: RunDetail) -> str:
                 else f", runs out {when(since + run.timeout, ago=False)}")
         rows.append(("timeout", f"{duration(run.timeout)} from its first attempt{ends}"))
     if d.paused is not None:
+        resume = text(command("resume", run.workflow))
         rows.append(("paused", f"its workflow is {text(paused_phrase(d.paused))}: no attempt "
-                               f"starts until <code>durable resume {text(run.workflow)}</code>"))
+                               f"starts until <code>{resume}</code>"))
     if run.start_by is not None and run.start_within is not None:  # at the first claim
         by = (f", by {when(run.start_by, ago=False)}, or it fails without running"
               if run.attempt == 0 and run.state is RunState.QUEUED else "")
