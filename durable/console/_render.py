@@ -519,7 +519,9 @@ def step_item(step: StepView, current: int, run: Run,
         took_text = ("unknown" if r["state"] == "in_doubt" else
                      duration(took) if isinstance(took, float) else "")
         said = " · ".join(str(part) for part in (row_text(run, r, gone), r["error"]) if part)
-        tries_rows.append(f"<tr><td>{r['try'] or ''}</td><td>{badge(str(r['state']))}</td>"
+        state_shown = (shown if shown_gone and r["state"] == "started" and r is rows[-1]
+                       else badge(str(r["state"])))
+        tries_rows.append(f"<tr><td>{r['try'] or ''}</td><td>{state_shown}</td>"
                           f"<td>{r['epoch']}</td>"
                           f"<td>{when(at if isinstance(at, float) else None)}</td>"
                           f"<td>{took_text}</td><td>{text(said)}</td></tr>")
