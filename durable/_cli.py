@@ -40,6 +40,7 @@ from ._report import (
     paused_phrase,
     render_timeline,
     resumed_phrase,
+    shown_json,
     started_phrase,
     terminal_width,
     use_color,
@@ -507,7 +508,7 @@ async def _cmd_schedule_show(args: argparse.Namespace) -> int:
         print(json.dumps(shown, indent=2))
         return 0
     shown["catchup"] = catchup_text(found.spec.catchup)
-    shown["args"] = json.dumps(found.spec.args)
+    shown["args"] = shown_json(found.spec.args)
     if shown["cannot_fire"] is None:
         del shown["cannot_fire"]
     for name, value in shown.items():

@@ -188,7 +188,29 @@ class RecoveryReport:
 
 
 def _short(value: JSON) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return value if isinstance(value, str) else shown_json(value, separators=(",", ":"))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # Unicode's Cc: C0, DEL and C1
+_CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # less tab and newline
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return f"\\u{ord(found.group()):04x}"
+
+
+def shown_json(value: Any, **options: Any) -> str:
+    """A JSON value as text for people (``show``, not ``--json``): non-ASCII as itself
+    (``café``, not ``caf\\u00e9``), every control character escaped as JSON escapes it
+    (JSON's own escaping leaves DEL and the C1 controls, a CSI among them, raw without
+    ``ensure_ascii``), so the text is still JSON and nothing reaches a terminal raw."""
+    return _CONTROL.sub(_escaped, json.dumps(value, ensure_ascii=False, **options))
+
+
+def visible(text: str) -> str:
+    """A text shown in full (``show --step``'s errors and notes) with its control
+    characters but tab and newline escaped (``\\u001b``), never sent to the terminal."""
+    return _CONTROL_IN_TEXT.sub(_escaped, text)
 
 
 # -- text helpers --------------------------------------------------------------------------------
@@ -548,7 +570,7 @@ class _View:
         claims = (f"attempt {run.attempt} (epoch {run.epoch})" if run.attempt
                   else "not claimed yet")
         self.field("state", (run.state.value, run.state.value), (f"    {claims}", None))
-        self.field("args", (one_line(json.dumps(run.args)), None))
+        self.field("args", (one_line(shown_json(run.args)), None))
         self.field("created", (utc(run.created_at), None))
         if run.state is RunState.QUEUED:
             waiting = waiting_phrase(run, entries)
@@ -568,7 +590,7 @@ class _View:
                     self.gone.phrase(), self.width, initial_indent=" " * 10,
                     subsequent_indent=" " * 10))
         if run.state is RunState.COMPLETED:
-            self.field("result", (one_line(json.dumps(run.result)), None))
+            self.field("result", (one_line(shown_json(run.result)), None))
         if run.error:  # in full, as it is: the steps it would refer to may not be shown
             self.field("error", (one_line(run.error) if self.full
                                  else _refer_to_steps(run.error, rows), "error"))
@@ -712,11 +734,11 @@ class _View:
             self.lines.append(line)
             details: list[tuple[str, str]] = []
             if row["try"] in args:
-                details.append(("args", json.dumps(args[row["try"]])))
+                details.append(("args", shown_json(args[row["try"]])))
             if state in ("completed",) and row["try"] in results:
-                details.append(("result", json.dumps(results[row["try"]])))
+                details.append(("result", shown_json(results[row["try"]])))
             if state == "received":  # the signal a wait_for received: its payload in full
-                details.extend(("payload", json.dumps(e.data.get("payload"))) for e in entries
+                details.extend(("payload", shown_json(e.data.get("payload"))) for e in entries
                                if e.step == number and e.kind is EntryKind.SIGNAL_RECEIVED)
             if row["summary"] is not None:
                 details.append(("summary", _short(row["summary"])))
@@ -727,6 +749,7 @@ class _View:
             if row["note"]:
                 details.append(("note", str(row["note"])))
             for label, value in details:
+                value = visible(value)
                 head = f"    {label:<9}"
                 for i, part in enumerate(value.splitlines() or [""]):
                     self.lines.append((head if i == 0 else " " * len(head)) + part)

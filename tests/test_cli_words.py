@@ -107,3 +107,59 @@ def test_the_recovery_report_names_the_run_quoted(failed_odd: tuple[str, str]) -
     commands = _commands(failed_odd[1])
     assert ["python", "-m", "durable", "show", ODD_ID] in commands
     assert ["python", "-m", "durable", "show", ODD_ID, "--step", "3"] in commands
+
+
+TEXT = "café ☕ Zürich"
+TRAP = "\x1b[2J\x9b31m\x7f"
+"""A terminal's escapes (clear the screen; a C1 CSI; DEL) in a journaled value."""
+
+
+def _accents(registry: durable.Registry) -> None:
+    @durable.activity("acc.echo", registry=registry)
+    async def echo(ctx: durable.ActivityContext, value: object) -> object:
+        return value
+
+    @durable.activity("acc.refuse", registry=registry)
+    async def refuse(ctx: durable.ActivityContext) -> None:
+        raise durable.NonRetryableError(f"the bank said naïve {TRAP}\nsecond line")
+
+    @durable.workflow("acc.flow", registry=registry)
+    async def flow(ctx: durable.WorkflowContext, text: str, more: object) -> None:
+        await echo(ctx, {"text": text, "more": more})
+        await refuse(ctx)
+
+
+@pytest.fixture
+def accented(tmp_path: Path) -> str:
+    """A SQLite file with run ``acc``: arguments and a step's result in non-ASCII text and
+    terminal escapes, failed with an error holding both."""
+
+    async def make() -> None:
+        registry = durable.Registry()
+        _accents(registry)
+        async with durable.testing.sqlite_client(tmp_path, registry=registry) as client:
+            async with durable.testing.running_worker(client):
+                await client.start("acc.flow", TEXT, {"trap": TRAP}, id="acc")
+                assert (await client.wait("acc")).state is RunState.FAILED
+
+    anyio.run(make)
+    return f"sqlite:///{tmp_path / 'durable.db'}"
+
+
+@pytest.mark.parametrize("step", [None, "1", "2"])
+def test_show_prints_text_as_text_and_no_control_character(accented: str,
+                                                            step: str | None) -> None:
+    more = ["--step", step] if step else []
+    shown = cli("show", "acc", *more, "--color", "never", db=accented)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert not [c for c in out if c != "\n" and (ord(c) < 32 or 0x7f <= ord(c) <= 0x9f)], out
+    assert "\\u00e9" not in out and "\\u2615" not in out, out
+    if step != "2":
+        assert TEXT in out, out
+    if step != "2":  # the arguments (and step 1's result), escapes shown escaped
+        assert '"trap": "\\u001b[2J\\u009b31m\\u007f"' in out, out
+    if step == "2":
+        assert "the bank said naïve \\u001b[2J\\u009b31m\\u007f" in out, out
+    data = json.loads(cli("show", "acc", *more, "--json", db=accented).stdout)
+    assert data["run"]["args"] == [TEXT, {"trap": TRAP}]
