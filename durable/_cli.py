@@ -31,6 +31,7 @@ from ._logging import configure_logging, redact
 from ._pool import MIN_HTTP_CONNECTIONS
 from ._registry import default_registry, parameters_text
 from ._report import (
+    LIST_NOTE_COLUMN,
     _isatty,
     cancel_phrase,
     clip,
@@ -213,7 +214,8 @@ async def _cmd_list(args: argparse.Namespace) -> int:
     if not runs:
         print("no runs")
         return 0
-    print(f"{'id':<36} {'workflow':<20} {'key':<16} {'state':<10} {'attempt':>7}  error")
+    print(f"{'id':<36} {'workflow':<20} {'key':<16} {'state':<10} {'attempt':>7}  "
+          f"{LIST_NOTE_COLUMN}")
     for r in runs:
         # a run released to wait says what for (durable waiting) where an error would be;
         # a queued run of a paused workflow, that it waits for the resume

@@ -816,10 +816,16 @@ STEP_OF_THE_DEAD = "its worker died during it"
 """What is said of the step a running run had in flight when its worker died for sure."""
 
 
+LIST_NOTE_COLUMN = "detail"
+"""The name of the runs list's column of :func:`list_note` (``durable list``, the console):
+not *error*, since it also says what a waiting run waits for (and, in ``durable list``,
+that a queued run's workflow is paused), or that a running run's worker died."""
+
+
 def list_note(run: Run, now: float, gone: GoneHolder | None = None) -> str:
     """What a runs list says of a run where an error would be (``durable list``, the
-    console's runs list): its error, or what a run released to wait waits for, or that
-    the worker of a running run died (``gone``)."""
+    console's runs list, under :data:`LIST_NOTE_COLUMN`): its error, or what a run released
+    to wait waits for, or that the worker of a running run died (``gone``)."""
     if gone is not None and run.state is RunState.RUNNING:
         return gone.note()
     waiting = waiting_phrase(run, now=now)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import re
 
+import anyio
 import pytest
 
 import durable
 from durable import RunState
 
 from .helpers import running_worker
+from .test_cli import cli
 from .test_console_http import console
 from .test_guard_report_doubt import LEASE, _died_in_step_two, _flows
 
@@ -74,3 +76,18 @@ async def test_a_steps_tries_are_shown_in_shows_states(
     assert ("<td>unknown</td><td>started by an earlier attempt (epoch 1) with no recorded "
             "outcome") in tries
     assert "accepted by operator (replay --accept-in-doubt)" in tries
+
+
+async def test_durable_list_and_the_console_name_the_notes_column_alike(
+        client: durable.Client, db_url: str) -> None:
+    """A failed run's error and a waiting run's note are in one column: ``durable list`` (a
+    subprocess on the same SQLite file) and the console's runs list call it the same."""
+    await client.start("w.any", id="q1")
+    listed = await anyio.to_thread.run_sync(lambda: cli("list", db=db_url))
+    assert listed.returncode == 0, listed.stderr
+    cli_columns = listed.stdout.splitlines()[0].split()
+    async with console(client) as http:
+        page = (await http.get("/runs")).text
+    table = _section(page, r'<table class="runs">.*?</thead>')
+    console_columns = re.findall(r"<th>([^<]*)</th>", table)
+    assert cli_columns[-1] == console_columns[-1] == "detail", (cli_columns, console_columns)

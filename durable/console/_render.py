@@ -24,6 +24,7 @@ from .._history import History, StepView, tries
 from .._logging import redact
 from .._progress import Progress
 from .._report import (
+    LIST_NOTE_COLUMN,
     STEP_OF_THE_DEAD,
     GoneHolder,
     RecoveryReport,
@@ -203,7 +204,8 @@ def runs_fragment(query: ListQuery, runs: Sequence[Run], counts: Mapping[str, in
             f'<td class="detail">{text(_first_line(list_note(run, now, gone.get(run.id))))}'
             "</td></tr>")
     table = ("<table class=\"runs\"><thead><tr><th>id</th><th>workflow</th><th>key</th>"
-             "<th>state</th><th>attempt</th><th>created</th><th>updated</th><th>detail</th>"
+             "<th>state</th><th>attempt</th><th>created</th><th>updated</th>"
+             f"<th>{LIST_NOTE_COLUMN}</th>"
              "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
              if rows else '<p class="empty">No runs match.</p>')
     more = (f'<p class="pager"><a rel="next" href="/runs?{attr(query.params(before=next_cursor))}">'
