@@ -152,6 +152,42 @@ def check_arguments(fn: Callable[..., Any], args: tuple[Any, ...], what: str) ->
         raise TypeError(f"{what}: {exc}") from None
 
 
+def check_callable(fn: object, what: str) -> None:
+    """Raise a ConfigError naming ``what`` unless the engine can call ``fn`` as it does:
+    ``await fn(ctx, *args)``, arguments by position. Checked when an activity, a workflow or
+    a lookup is declared: a plain function declared an activity ran its effect (a delete)
+    before the engine's await of its result failed, a TypeError the retry policy retried,
+    so the delete ran ``max_tries`` times; a missing context or a keyword-only argument
+    failed only at the worker, on the run's first attempt."""
+    if not callable(fn):
+        raise ConfigError(f"{what} must be declared with async def: {fn!r} is not a function")
+    label = getattr(fn, "__qualname__", None) or repr(fn)
+    if inspect.isasyncgenfunction(inspect.unwrap(fn)):
+        raise ConfigError(f"{what} must be declared with async def returning its result: "
+                          f"{label} is an async generator (it yields)")
+    call = type(fn).__call__  # an object's: async def __call__
+    if not any(inspect.iscoroutinefunction(f) for f in (fn, inspect.unwrap(fn), call)):
+        raise ConfigError(
+            f"{what} must be declared with async def: {label} is a plain function (its "
+            "effects would happen before the engine could time, retry or journal them); "
+            "run blocking code from an async def with await ctx.to_thread(fn, ...)")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # not introspectable: called as it is
+        return
+    try:
+        signature.bind_partial(None)
+    except TypeError:
+        raise ConfigError(f"{what} must take the context as its first argument: async def "
+                          f"{getattr(fn, '__name__', label)}(ctx, ...)") from None
+    required = [p.name for p in signature.parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if required:
+        raise ConfigError(
+            f"{what} takes keyword-only arguments without defaults ({', '.join(required)}); "
+            "the journal keeps arguments as a list: make them positional")
+
+
 def parameters_text(fn: Callable[..., Any]) -> str:
     """What ``fn(ctx, ...)`` takes after the context, for a message: ``(slot, dry_run=...)``."""
     shown = []
@@ -218,6 +254,9 @@ class Activity(Generic[P, R]):
         on_doubt: OnDoubt,
         lookup: Lookup | None = None,
     ) -> None:
+        check_callable(fn, f"activity {name!r}")
+        if lookup is not None:
+            check_callable(lookup, f"the lookup of activity {name!r}")
         if on_doubt not in ("retry", "fail"):
             raise ConfigError(f"on_doubt must be 'retry' or 'fail', not {on_doubt!r}")
         if timeout is not None:
@@ -242,6 +281,7 @@ class Activity(Generic[P, R]):
         so the workflow goes on with it), :data:`durable.NOT_DONE` if it did not (the step
         runs), or raises if it cannot tell (the step stays in doubt: ``on_doubt`` applies).
         """
+        check_callable(fn, f"the lookup of activity {self.name!r}")
         self.lookup_fn = fn
         return fn
 
@@ -282,6 +322,7 @@ class Workflow(Generic[P, R]):
         timeout: float | None,
         start_within: float | None = None,
     ) -> None:
+        check_callable(fn, f"workflow {name!r}")
         if timeout is not None:
             check_seconds(timeout, "a workflow timeout")
         if start_within is not None:
@@ -384,6 +425,11 @@ class Registry:
 default_registry = Registry()
 
 
+def _name_of(fn: object) -> str:
+    """A declaration's default name: its function's (a value that is none says itself)."""
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
 WorkflowFn = Callable[Concatenate["WorkflowContext", P], Awaitable[R]]
 ActivityFn = Callable[Concatenate["ActivityContext", P], Awaitable[R]]
 
@@ -414,7 +460,7 @@ def workflow(
     """
 
     def decorate(fn: WorkflowFn[P, R]) -> Workflow[P, R]:
-        wf = Workflow(fn, name=label or fn.__qualname__, timeout=timeout,
+        wf = Workflow(fn, name=label or _name_of(fn), timeout=timeout,
                       start_within=start_within)
         (registry or default_registry).add_workflow(wf)
         return wf
@@ -464,7 +510,7 @@ def activity(
     def decorate(fn: ActivityFn[P, R]) -> Activity[P, R]:
         act = Activity(
             fn,
-            name=label or fn.__qualname__,
+            name=label or _name_of(fn),
             timeout=timeout,
             retry=retry if retry is not None else RetryPolicy(),
             on_doubt=on_doubt,

@@ -3,6 +3,7 @@ a retry policy, an activity's or a workflow's options, a second declaration unde
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -119,3 +120,83 @@ def test_retry_after_is_honoured_only_on_429_and_503(status: int, honoured: bool
     exc = httpx.HTTPStatusError("failed", request=request, response=response)
     policy = durable.RetryPolicy(initial_delay=1, jitter=0, max_delay=30)
     assert policy.delay(1, exc) == (7.0 if honoured else 1.0)
+
+
+def _sync_act(ctx: durable.ActivityContext, db: str) -> str:
+    CALLED.append(db)  # a delete that has happened by the time the engine awaits it
+    return db
+
+
+async def _generator(ctx: durable.ActivityContext) -> Any:
+    yield 1
+
+
+async def _no_context() -> None: ...
+
+
+async def _keyword_only(ctx: durable.ActivityContext, *, db: str) -> None: ...
+
+
+CALLED: list[str] = []
+
+
+@pytest.mark.parametrize(("fn", "says"), [
+    (_sync_act, r"must be declared with async def: _sync_act is a plain function "),
+    (_generator, r"must be declared with async def returning its result: _generator is "
+                 r"an async generator"),
+    (_no_context, r"must take the context as its first argument: async def "
+                  r"_no_context\(ctx, \.\.\.\)"),
+    (_keyword_only, r"takes keyword-only arguments without defaults \(db\); the journal "
+                    r"keeps arguments as a list: make them positional"),
+    (42, r"must be declared with async def: 42 is not a function"),
+])
+def test_an_activity_or_workflow_the_engine_cannot_call_is_refused_when_declared(
+        fn: Any, says: str) -> None:
+    """A plain function declared an activity ran at the worker, its effect (a delete) done
+    before the engine awaited its result; that await failed with a TypeError, which the
+    retry policy retried: the delete ran max_tries times and the run failed. A function
+    with no context, or with keyword-only arguments the journal cannot keep, failed only at
+    the worker too. Each is refused by the decorator, naming it, and nothing registered."""
+    registry = durable.Registry()
+    with pytest.raises(durable.ConfigError, match=rf"^activity 'act' {says}"):
+        durable.activity("act", registry=registry)(fn)
+    with pytest.raises(durable.ConfigError, match=rf"^workflow 'flow' {says}"):
+        durable.workflow("flow", registry=registry)(fn)
+    with pytest.raises(durable.ConfigError, match=rf"^the lookup of activity 'looked' {says}"):
+        durable.activity("looked", registry=registry, lookup=fn)(_act)
+    looked = durable.activity("looked.later", registry=registry)(_act)
+    with pytest.raises(durable.ConfigError,
+                       match=rf"^the lookup of activity 'looked.later' {says}"):
+        looked.lookup(fn)
+    assert looked.lookup_fn is None
+    assert registry.workflows == {} and set(registry.activities) == {"looked.later"}
+    assert CALLED == []
+
+
+class _Callable:
+    async def __call__(self, ctx: durable.ActivityContext, db: str) -> str:
+        return db
+
+
+def _wrapper(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapped(*args: Any) -> Any:  # a plain function handing back fn's coroutine
+        return fn(*args)
+    return wrapped
+
+
+async def _optional(ctx: durable.ActivityContext, db: str = "a", *more: str,
+                    dry_run: bool = False) -> str:
+    return db
+
+
+@pytest.mark.parametrize("fn", [
+    _Callable(), functools.partial(_optional, dry_run=True), _wrapper(_optional), _optional,
+])
+def test_coroutine_functions_however_wrapped_are_declared(fn: Any) -> None:
+    """An object with an async __call__, a partial, a decorator's plain wrapper of an
+    async def (functools.wraps), keyword-only arguments with defaults: all are called the
+    way the engine calls, and each is accepted."""
+    registry = durable.Registry()
+    assert durable.activity("act", registry=registry, lookup=fn)(fn).fn is fn
+    assert durable.workflow("flow", registry=registry)(fn).fn is fn

@@ -197,11 +197,18 @@ def test_explicit_workflows_are_checked() -> None:
 
 
 def test_keyword_only_parameters_are_refused() -> None:
-    """The journal keeps arguments as a list: a keyword-only parameter has no position."""
+    """The journal keeps arguments as a list: a keyword-only parameter has no position. One
+    without a default is refused when declared; one with a default may not be given."""
     reg = durable.Registry()
 
+    async def required(ctx: durable.WorkflowContext, a: int, *, b: int) -> None: ...
+
+    with pytest.raises(durable.ConfigError, match=r"keyword-only arguments without defaults "
+                                                  r"\(b\)"):
+        durable.workflow("required", registry=reg)(required)
+
     @durable.workflow("kwonly", registry=reg)
-    async def kwonly(ctx: durable.WorkflowContext, a: int, *, b: int) -> None: ...
+    async def kwonly(ctx: durable.WorkflowContext, a: int, *, b: int = 0) -> None: ...
 
     with pytest.raises(durable.ConfigError, match=r"keyword-only arguments \(b\)"):
         durable._registry.positional(kwonly.fn, (1,), {"b": 2}, "workflow kwonly")
