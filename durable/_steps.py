@@ -187,6 +187,17 @@ def encoded_once(value: Any, data: dict[str, JSON], what: str) -> str | None:
         return None  # another field's: the store refuses it as before
 
 
+def as_journaled(encoded: str) -> JSON:
+    """The result of a step's completion entry, encoded by :func:`encoded_once`, as the
+    journal holds it: what every later attempt of the run reads. The attempt that ran the
+    step gets the same value, not the activity's own object: JSON keeps string keys and
+    lists only (``{1: "a"}`` is ``{"1": "a"}``, a tuple a list), and a workflow handed
+    the object first and the journal's value after a resume could decide differently."""
+    outcome = loads(encoded)
+    assert isinstance(outcome, dict)
+    return outcome["result"]
+
+
 async def _invoke(act: AnyActivity, ctx: ActivityContext, args: tuple[Any, ...]) -> Any:
     """One try of an activity: its function under its timeout."""
     if act.timeout is None:
@@ -536,7 +547,7 @@ class Steps:
 
     async def _complete_from_lookup(self, act: AnyActivity, view: StepView, found: JSON,
                                     *, accepted: bool) -> JSON:
-        dumps(found, f"the result of the lookup of activity {act.name}")
+        found = loads(dumps(found, f"the result of the lookup of activity {act.name}"))
         await self.attempt.write([JournalWrite(
             EntryKind.STEP_COMPLETED, view.number, view.key, act.name, max(view.tries, 1),
             {"result": found, "summary": "found by its lookup", "looked_up": True,
@@ -730,6 +741,8 @@ class Steps:
                 log.warning("step_failed", **{"try": number}, error=message)
                 raise self._failure(view, act, view.tries_used, message,
                                     "NotJsonError") from exc
+            if encoded is not None:  # a container: handed over as the journal holds it
+                result = as_journaled(encoded)
             done = JournalWrite(EntryKind.STEP_COMPLETED, view.number, view.key, act.name,
                                 number, outcome, encoded=encoded)
             if act.on_doubt == "retry":

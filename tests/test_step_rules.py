@@ -118,6 +118,70 @@ async def test_a_result_that_cannot_be_journaled_fails_the_step_without_a_retry(
     assert failed.data["error_type"] == "NotJsonError"
 
 
+@pytest.mark.parametrize("on_doubt", ["retry", "fail"])
+async def test_every_attempt_sees_a_step_result_as_the_journal_holds_it(
+        client: durable.Client, registry: durable.Registry, on_doubt: str) -> None:
+    """JSON keeps only string keys and lists: an activity's ``{1: "deleted"}`` is
+    journaled as ``{"1": "deleted"}``. The attempt that ran the step was handed the
+    activity's own object, and every later attempt (after a durable wait, a crash, a
+    shutdown) the journaled one, so the same deterministic code decided differently:
+    here ``"1" in deleted`` was False, then True, and the resumed run failed as not
+    deterministic. The workflow gets the journaled value in every attempt; so does a step
+    its lookup completes."""
+    seen: list[Any] = []
+
+    @durable.activity("db.delete_all", registry=registry, on_doubt=on_doubt)  # type: ignore[arg-type]
+    async def delete_all(ctx: durable.ActivityContext) -> Any:
+        return {"deleted": {1: "db-1", None: "db-?"}, "pair": (1, 2)}
+
+    @durable.activity("db.note", registry=registry)
+    async def note(ctx: durable.ActivityContext, gone: bool) -> bool:
+        return gone
+
+    @durable.workflow("deletes", registry=registry)
+    async def deletes(ctx: durable.WorkflowContext) -> Any:
+        done = await delete_all(ctx)
+        seen.append(done)
+        await note(ctx, "1" in done["deleted"])
+        await ctx.sleep(0.01)  # a durable wait: the next attempt replays the journal
+        return done
+
+    async with running_worker(client, registry, durable_wait_threshold=0):
+        await client.start("deletes", id="keys")
+        finished = await client.wait("keys")
+    assert finished.state is RunState.COMPLETED, finished.error
+    journaled = {"deleted": {"1": "db-1", "null": "db-?"}, "pair": [1, 2]}
+    assert seen == [journaled, journaled]
+    assert finished.result == journaled
+
+
+async def test_a_step_its_lookup_completes_is_seen_as_the_journal_holds_it(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """The same for a step in doubt whose lookup finds it done: the workflow gets the
+    lookup's answer as journaled (``{"3": ...}``), as any later attempt would read it."""
+    seen: list[Any] = []
+
+    @durable.activity("repo.create", registry=registry, on_doubt="fail")
+    async def create(ctx: durable.ActivityContext, name: str) -> Any:
+        raise AssertionError("in doubt and found: never run again")
+
+    @create.lookup
+    async def find_repo(ctx: durable.ActivityContext, name: str) -> Any:
+        return {3: name, "tags": ("a",)}
+
+    @durable.workflow("promote", registry=registry)
+    async def promote(ctx: durable.WorkflowContext, name: str) -> Any:
+        seen.append(await create(ctx, name))
+        return seen[-1]
+
+    await client.start("promote", "repo", id="found")
+    await _in_doubt_run(client, "found", "repo.create", ["repo"])
+    async with running_worker(client, registry):
+        found = await client.wait("found")
+    assert found.state is RunState.COMPLETED, found.error
+    assert seen == [{"3": "repo", "tags": ["a"]}] == [found.result]
+
+
 async def test_a_result_is_encoded_once_on_its_way_to_the_journal(
         client: durable.Client, registry: durable.Registry,
         monkeypatch: pytest.MonkeyPatch) -> None:
