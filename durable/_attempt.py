@@ -66,6 +66,7 @@ from ._steps import (
     check_journalable,
     describe,
     refuse_unknown,
+    unwrapped,
 )
 from ._types import (
     JSON,
@@ -466,7 +467,7 @@ class Attempt:
         except StoreUnavailableError as exc:
             self._store_failed(exc)
         except Exception as exc:
-            outcome = ("failed", exc)
+            outcome = ("failed", unwrapped(exc))  # a task group's only error: that error
         except BaseExceptionGroup as group:  # from a task group in the workflow
             stops, others = group.split(AttemptCancelled)
             if others is not None:
@@ -486,8 +487,7 @@ class Attempt:
                     exc0 = exc0.exceptions[0]
                 outcome = ("suspended", exc0)
             elif others is not None and not _has_cancellation(others):
-                errors = others.exceptions
-                outcome = ("failed", errors[0] if len(errors) == 1 else others)
+                outcome = ("failed", unwrapped(others))
             elif self.stopping is None and not self.lost:
                 raise  # a cancellation from outside the attempt (the worker's own scope)
         doom = self.steps.doom

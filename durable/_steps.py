@@ -80,7 +80,32 @@ class Suspended(BaseException):
         """The run's signal count when the attempt last looked for the signal."""
 
 
+GROUP_SHOWN = 10
+"""The errors of a group a message names, at most (the rest are counted)."""
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The errors inside ``exc``, nested groups flattened; ``[exc]`` if it is no group."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+
+
+def unwrapped(exc: BaseException) -> BaseException:
+    """A group's only error (a task group's way of raising it), else ``exc`` itself: what a
+    failure is reported as, so a step that failed in a task group is named as it would be
+    outside one, not as ``unhandled errors in a TaskGroup (1 sub-exception)``."""
+    found = leaves(exc)
+    return found[0] if len(found) == 1 else exc
+
+
 def describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):  # several errors: each named, not the group
+        found = leaves(exc)
+        named = "; ".join(describe(leaf) for leaf in found[:GROUP_SHOWN])
+        more = len(found) - GROUP_SHOWN
+        return (f"{type(exc).__name__}: {len(found)} errors: {named}"
+                + (f"; and {more} more" if more > 0 else ""))
     text = str(exc) or type(exc).__name__
     if isinstance(exc, TimeoutError) and not str(exc):
         text = "timed out"
@@ -697,7 +722,8 @@ class Steps:
                         result = await act.fn(ctx, *args)
             except AttemptCancelled:
                 raise
-            except Exception as exc:
+            except Exception as raised:
+                exc = unwrapped(raised)  # the error inside the activity's own task group
                 message = describe(exc)
                 if isinstance(exc, TimeoutError) and act.timeout is not None:
                     message = (f"timed out after {act.timeout:g} s (the call in flight was "
