@@ -23,7 +23,7 @@ import attrs
 import httpx
 
 from ._errors import ConfigError, NonRetryableError, UnknownWorkflowError
-from ._types import check_seconds
+from ._types import check_printable, check_seconds
 
 if TYPE_CHECKING:
     from ._context import ActivityContext, WorkflowContext
@@ -33,6 +33,19 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 OnDoubt = Literal["retry", "fail"]
+
+
+def _exception_types(value: Any) -> tuple[type[BaseException], ...]:
+    """``RetryPolicy.non_retryable`` as the tuple ``isinstance`` takes: one class or a
+    list of them accepted, anything else refused when the policy is made (at the worker,
+    inside a step's failure, it left the step in doubt)."""
+    found = ((value,) if isinstance(value, type)
+             else tuple(value) if isinstance(value, list | tuple | set | frozenset) else None)
+    if found is None or not all(isinstance(t, type) and issubclass(t, BaseException)
+                                for t in found):
+        raise ConfigError(f"RetryPolicy.non_retryable must be exception classes, not "
+                          f"{value!r}")
+    return found
 
 
 @attrs.frozen
@@ -55,9 +68,13 @@ class RetryPolicy:
     backoff: float = 2.0
     max_delay: float = 30.0
     jitter: float = 0.2
-    non_retryable: tuple[type[BaseException], ...] = ()
+    non_retryable: tuple[type[BaseException], ...] = attrs.field(
+        default=(), converter=_exception_types)
 
     def __attrs_post_init__(self) -> None:
+        if isinstance(self.max_tries, bool) or not isinstance(self.max_tries, int):
+            raise ConfigError(f"RetryPolicy.max_tries must be a whole number, not "
+                              f"{self.max_tries!r}")
         if self.max_tries < 1:
             raise ConfigError("RetryPolicy.max_tries must be at least 1")
         check_seconds(self.initial_delay, "RetryPolicy.initial_delay", zero=True)
@@ -150,6 +167,13 @@ def check_arguments(fn: Callable[..., Any], args: tuple[Any, ...], what: str) ->
         _signature(fn).bind(None, *args)
     except TypeError as exc:
         raise TypeError(f"{what}: {exc}") from None
+
+
+def check_name(name: object, what: str) -> None:
+    """A declaration's name: a string a start, a list and a line can give and show."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{what} must be a non-empty string, not {name!r}")
+    check_printable(name, what)
 
 
 def check_callable(fn: object, what: str) -> None:
@@ -254,7 +278,11 @@ class Activity(Generic[P, R]):
         on_doubt: OnDoubt,
         lookup: Lookup | None = None,
     ) -> None:
+        check_name(name, "an activity's name")
         check_callable(fn, f"activity {name!r}")
+        if not isinstance(retry, RetryPolicy):
+            raise ConfigError(f"activity {name!r}: retry must be a durable.RetryPolicy, not "
+                              f"{retry!r}")
         if lookup is not None:
             check_callable(lookup, f"the lookup of activity {name!r}")
         if on_doubt not in ("retry", "fail"):
@@ -322,6 +350,7 @@ class Workflow(Generic[P, R]):
         timeout: float | None,
         start_within: float | None = None,
     ) -> None:
+        check_name(name, "a workflow's name")
         check_callable(fn, f"workflow {name!r}")
         if timeout is not None:
             check_seconds(timeout, "a workflow timeout")
@@ -460,7 +489,7 @@ def workflow(
     """
 
     def decorate(fn: WorkflowFn[P, R]) -> Workflow[P, R]:
-        wf = Workflow(fn, name=label or _name_of(fn), timeout=timeout,
+        wf = Workflow(fn, name=_name_of(fn) if label is None else label, timeout=timeout,
                       start_within=start_within)
         (registry or default_registry).add_workflow(wf)
         return wf
@@ -510,7 +539,7 @@ def activity(
     def decorate(fn: ActivityFn[P, R]) -> Activity[P, R]:
         act = Activity(
             fn,
-            name=label or _name_of(fn),
+            name=_name_of(fn) if label is None else label,
             timeout=timeout,
             retry=retry if retry is not None else RetryPolicy(),
             on_doubt=on_doubt,

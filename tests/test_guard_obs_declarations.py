@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 from typing import Any
 
 import httpx
@@ -200,3 +201,58 @@ def test_coroutine_functions_however_wrapped_are_declared(fn: Any) -> None:
     registry = durable.Registry()
     assert durable.activity("act", registry=registry, lookup=fn)(fn).fn is fn
     assert durable.workflow("flow", registry=registry)(fn).fn is fn
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"max_tries": 1.5}, r"^RetryPolicy\.max_tries must be a whole number, not 1\.5$"),
+    ({"max_tries": float("nan")}, r"^RetryPolicy\.max_tries must be a whole number, not nan$"),
+    ({"max_tries": float("inf")}, r"^RetryPolicy\.max_tries must be a whole number, not inf$"),
+    ({"max_tries": "3"}, r"^RetryPolicy\.max_tries must be a whole number, not '3'$"),
+    ({"max_tries": True}, r"^RetryPolicy\.max_tries must be a whole number, not True$"),
+    ({"non_retryable": ("ValueError",)},
+     r"^RetryPolicy\.non_retryable must be exception classes, not \('ValueError',\)$"),
+    ({"non_retryable": (int,)},
+     r"^RetryPolicy\.non_retryable must be exception classes, not \(<class 'int'>,\)$"),
+    ({"non_retryable": ValueError("x")},
+     r"^RetryPolicy\.non_retryable must be exception classes, not ValueError\('x'\)$"),
+])
+def test_a_retry_policy_of_the_wrong_type_is_refused_naming_the_field(
+        options: dict[str, Any], says: str) -> None:
+    """A max_tries of NaN compared false with every count: the step was never retried. A
+    non_retryable that isinstance() cannot take raised a TypeError at the worker, inside
+    the step's failure handling: the step was left in doubt and the run failed with
+    ``isinstance() arg 2 must be a type``. Each is refused when the policy is made."""
+    with pytest.raises(durable.ConfigError, match=says):
+        durable.RetryPolicy(**options)
+
+
+def test_non_retryable_given_as_a_list_or_one_class_is_taken_as_a_tuple() -> None:
+    assert durable.RetryPolicy(non_retryable=[KeyError]).non_retryable == (KeyError,)
+    policy = durable.RetryPolicy(non_retryable=PermissionError)
+    assert policy.non_retryable == (PermissionError,)
+    assert not policy.retryable(PermissionError("403")) and policy.retryable(KeyError("x"))
+    assert hash(policy) == hash(durable.RetryPolicy(non_retryable=(PermissionError,)))
+
+
+@pytest.mark.parametrize("retry", [3, {"max_tries": 3}, durable.RetryPolicy])
+def test_a_retry_that_is_not_a_retry_policy_is_refused(retry: Any) -> None:
+    """``retry=3`` was taken, and every step of the activity failed at the worker with
+    ``'int' object has no attribute 'max_tries'``."""
+    registry = durable.Registry()
+    with pytest.raises(durable.ConfigError,
+                       match=rf"^activity 'charge': retry must be a durable\.RetryPolicy, "
+                             rf"not {re.escape(repr(retry))}$"):
+        durable.activity("charge", retry=retry, registry=registry)(_act)
+    assert registry.activities == {}
+
+
+@pytest.mark.parametrize("name", ["", "  ", 123, "a\nb"])
+def test_a_name_that_is_not_a_printable_string_is_refused(name: Any) -> None:
+    """An empty name was replaced by the function's, silently; a number was registered
+    under a name no start could give."""
+    registry = durable.Registry()
+    with pytest.raises(durable.ConfigError, match=r"^an activity's name must "):
+        durable.activity(name, registry=registry)(_act)
+    with pytest.raises(durable.ConfigError, match=r"^a workflow's name must "):
+        durable.workflow(name, registry=registry)(_flow)
+    assert registry.activities == {} and registry.workflows == {}
