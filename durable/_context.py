@@ -22,12 +22,11 @@ import httpx
 from . import _processes
 from ._errors import ConfigError, LeaseLostError
 from ._logging import redact, redact_json
-from ._registry import BoundActivity, positional
+from ._registry import Activity, BoundActivity, positional
 from ._types import JSON, MAX_SECONDS, NEVER, Run
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
-    from ._registry import Activity
     from ._report import RecoveryReport
 
 R = TypeVar("R")
@@ -168,9 +167,12 @@ class WorkflowContext:
                 raise ConfigError(f"ctx.step: {activity.activity.name} has its arguments "
                                   "bound already; pass only key=")
             act, args = activity.activity, activity.args
-        else:
+        elif isinstance(activity, Activity):
             act = activity
             args = positional(act.fn, args, kwargs, f"activity {act.name}")
+        else:
+            raise ConfigError(f"ctx.step takes an activity (declared with @durable.activity, "
+                              f"or act.bind(...)), not {activity!r}")
         return await self._attempt.steps.run_step(act, args, key)
 
     async def sleep(self, seconds: float) -> None:

@@ -617,3 +617,27 @@ async def test_a_numeric_or_empty_step_key_is_refused_before_the_step_runs(
     assert run.state is RunState.FAILED, run.result
     assert run.error is not None and "a step key must be a non-numeric string" in run.error
     assert calls == []
+
+
+async def test_a_step_of_something_other_than_an_activity_fails_the_run_naming_it(
+        client: durable.Client, registry: durable.Registry) -> None:
+    """``ctx.step(fn)`` of a plain async function (not declared an activity) failed the
+    run with ``AttributeError: 'function' object has no attribute 'fn'``."""
+    ran: list[str] = []
+
+    async def delete(ctx: durable.ActivityContext, name: str) -> None:
+        ran.append(name)
+
+    @durable.workflow("plain", registry=registry)
+    async def plain(ctx: durable.WorkflowContext) -> None:
+        await ctx.step(delete, "db-1")  # type: ignore[call-overload]
+
+    async with running_worker(client, registry):
+        await client.start("plain", id="plain")
+        done = await client.wait("plain")
+    assert done.state is RunState.FAILED
+    assert done.error is not None and done.error.startswith(
+        "ConfigError: ctx.step takes an activity (declared with @durable.activity, or "
+        "act.bind(...)), not <function ")
+    assert "delete" in done.error
+    assert ran == [] and "step_started" not in kinds(await client.journal("plain"))
