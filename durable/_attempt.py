@@ -109,10 +109,21 @@ def _first(group: BaseExceptionGroup[AttemptCancelled]) -> AttemptCancelled:
     return exc
 
 
+def _passes_through(exc: BaseException) -> bool:
+    """Whether a BaseException from the workflow's code is not the run's to fail with: a
+    backend's cancellation (the worker's own scope, or the attempt's, caught by it), a
+    Ctrl-C (trio raises it wherever the code is), the engine's own signals. Any other
+    (``SystemExit`` from a library's ``sys.exit()``, an application's ``class
+    Abort(BaseException)``) fails the run: raised on, it ended the worker and every run
+    it held."""
+    return isinstance(exc, anyio.get_cancelled_exc_class() | KeyboardInterrupt
+                      | GeneratorExit | AttemptCancelled | Suspended)
+
+
 def _has_cancellation(group: BaseExceptionGroup[BaseException]) -> bool:
-    """Whether a group holds anything but ordinary exceptions (a backend's Cancelled)."""
-    return group.subgroup(lambda e: not isinstance(e, Exception | BaseExceptionGroup)) \
-        is not None
+    """Whether a group holds anything but the run's own failures (a backend's Cancelled)."""
+    return group.subgroup(lambda e: not isinstance(e, Exception | BaseExceptionGroup)
+                          and _passes_through(e)) is not None
 
 
 class Attempt:
@@ -490,6 +501,10 @@ class Attempt:
                 outcome = ("failed", unwrapped(others))
             elif self.stopping is None and not self.lost:
                 raise  # a cancellation from outside the attempt (the worker's own scope)
+        except BaseException as exc:
+            if _passes_through(exc):
+                raise
+            outcome = ("failed", exc)  # SystemExit, an application's own: the run's end
         doom = self.steps.doom
         if not self.lost and not self.lease.holds():
             self.lease.lose("lease expired locally (renewals failed)")
