@@ -37,15 +37,19 @@ _AUTH_SCHEMES = ("bearer|basic|token|digest|negotiate|ntlm|bot|apikey|hoba|mutua
 _SECRET_PATTERNS = [
     # a bearer token, Coolify's ``<id>|<token>`` form included
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=|-]+"), r"\1 [redacted]"),
-    # ``token=``, ``api_key:``, ``xi-api-key:`` (ElevenLabs), ``x-api-key:``, ``password=``...
-    (re.compile(r"(?i)\b((?:access_|api_|auth_)?token|api[_-]?key|secret|password)"
+    # ``token=``, ``api_key:``, ``xi-api-key:`` (ElevenLabs), ``x-api-key:``, ``password=``,
+    # and the names that end so: ``PGPASSWORD=``, ``GITHUB_TOKEN=``, ``client_secret=``...
+    (re.compile(r"(?i)\b(\w*?(?:token|api[_-]?key|secret|passw(?:or)?d|private[_-]?key))"
                 r"([\"']?\s*[:=]\s*[\"']?)[^\s\"',})&]+"), r"\1\2[redacted]"),
     # ``Authorization: <scheme> <credentials>`` or ``Authorization: <credentials>``: the
     # scheme word is taken only when it is an auth scheme, so the next word of the text stays
     (re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)"
                 rf"(?:(?:{_AUTH_SCHEMES})\s+)?[^'\",}}\s)]+"),
      r"\1[redacted]"),
-    (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey|key|password|secret)=)[^&\s'\"]+"),
+    # a query's credential, a signed URL's signature (S3's X-Amz-Signature, Azure's sig)
+    (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey|key|password|secret"
+                r"|(?:x-amz-)?signature|sig|x-amz-credential|x-amz-security-token)=)"
+                r"[^&\s'\"]+"),
      r"\1[redacted]"),
     # a password already masked as *** (the stores' own URLs) is left as it is
     (re.compile(r"(?i)(://[^:/@\s]+:)(?!\*+@)[^@/\s]+@"), r"\1[redacted]@"),
@@ -63,7 +67,8 @@ logging.getLogger(ROOT).addHandler(logging.NullHandler())
 # Every pattern above needs one of these words (or the ``@`` of a URL's credentials): a
 # text without any is returned as it is after one scan instead of five (the console redacts
 # every string of every page).
-_MAY_HOLD_A_SECRET = re.compile(r"(?i)bearer|basic|token|key|secret|password|authorization|@")
+_MAY_HOLD_A_SECRET = re.compile(
+    r"(?i)bearer|basic|token|key|secret|passw|authorization|@|[?&](?:x-amz-)?sig")
 
 
 def redact(text: str) -> str:

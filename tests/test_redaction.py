@@ -26,6 +26,18 @@ SECRET = "Waob7Qx2secretTail"
     f"{{'xi-api-key': '{SECRET}', 'accept': 'audio/mpeg'}}",
     f'{{"x-api-key": "{SECRET}"}}',
     f"GET https://h/v1?xi-api-key={SECRET}&a=1",
+    # a credential's name with a prefix: an environment variable, a config key, OAuth
+    f"psql failed: PGPASSWORD={SECRET} psql -h db",
+    f"db_password={SECRET}",
+    f"GITHUB_TOKEN={SECRET}",
+    f"POST https://auth/oauth/token?client_secret={SECRET}&grant_type=refresh",
+    f"refresh_token={SECRET}",
+    f'{{"client_secret": "{SECRET}", "scope": "all"}}',
+    f"private_key: {SECRET}",
+    f"db_passwd={SECRET}",
+    # a signed URL's signature (S3 presigned, Azure SAS)
+    f"GET https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA&X-Amz-Signature={SECRET}",
+    f"PUT https://a.blob.core.windows.net/c/b?sv=2022&sig={SECRET}&se=2030",
 ])
 def test_credential_forms_are_redacted(text: str) -> None:
     out = redact(text)
@@ -41,6 +53,23 @@ def test_the_text_after_an_authorization_value_is_kept() -> None:
     assert out == "Authorization: [redacted] was sent to host h"
     assert redact("authorization=Token t0k next") == "authorization=[redacted] next"
     assert redact("nothing secret here") == "nothing secret here"
+
+
+def test_a_signed_url_alone_is_redacted() -> None:
+    """A text whose only credential is a signature (no word the quick look searches for
+    elsewhere in it) is redacted too."""
+    assert (redact("PUT https://a.blob.core.windows.net/c/b?sv=2022&sig=AbC123xyz")
+            == "PUT https://a.blob.core.windows.net/c/b?sv=2022&sig=[redacted]")
+    assert (redact("GET https://b.s3.amazonaws.com/k?X-Amz-Signature=9f8e7d")
+            == "GET https://b.s3.amazonaws.com/k?X-Amz-Signature=[redacted]")
+
+
+@pytest.mark.parametrize("text", [
+    "max_tokens=5 (tokens: 12)", "design signal sent", "keyboard=us", "token_count: 3",
+    "GET https://h/v1?sign=up&design=x", "passwords: 2 rotated",
+])
+def test_words_that_only_look_like_credential_names_are_kept(text: str) -> None:
+    assert redact(text) == text
 
 
 def test_a_traceback_is_redacted_in_the_record_every_handler_sees() -> None:
@@ -80,7 +109,8 @@ async def test_the_journal_and_the_run_error_carry_no_credential_of_the_cause_ch
         try:
             raise ConnectionError(f"x-api-key: {SECRET}")
         except ConnectionError as exc:
-            raise RuntimeError(f"refused: bearer 12|{SECRET}; xi-api-key={SECRET}") from exc
+            raise RuntimeError(f"refused: bearer 12|{SECRET}; xi-api-key={SECRET}; "
+                               f"PGPASSWORD={SECRET} psql") from exc
 
     @durable.workflow("leaks", registry=registry)
     async def leaks(ctx: durable.WorkflowContext) -> None:
