@@ -175,4 +175,6 @@ class GitHostClient:
         return CreateResult(CreateOutcome.CREATED, Repository.from_json(response.json()))
 
     async def delete(self, workspace: str, slug: str) -> DeleteOutcome:
+        """Delete by ``slug``, or by the repository's uuid in braces (``{...}``), which
+        Bitbucket accepts in its place and which names one repository for good."""
         return await delete(self._api, self._path(workspace, slug))

@@ -476,12 +476,22 @@ async def created_repository(ctx: durable.ActivityContext, full_name: str) -> An
 
 
 @durable.activity("githost.delete_repository", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)
-async def delete_repository(ctx: durable.ActivityContext, full_name: str) -> str:
-    """Delete a repository; 404 counts as done."""
-    workspace, slug = _split(full_name)
+async def delete_repository(ctx: durable.ActivityContext, full_name: str,
+                            uuid: str | None) -> str:
+    """Delete repository ``full_name`` whose uuid is ``uuid`` (as an earlier step read and
+    journaled it); 404 counts as done.
+
+    Addressed by the uuid, not the name: if it was deleted (by a try whose answer was lost,
+    or by anyone) and a repository was created again under the name, that one is another
+    repository, and is not touched. Without a uuid nothing is sent."""
+    workspace, _ = _split(full_name)
+    if not uuid:
+        raise durable.NonRetryableError(
+            f"the git host gave no uuid for repository {full_name}; not deleting it by its "
+            "name, which a repository created again under it would answer to")
     with boundary("githost"):
-        outcome = await _githost(ctx).delete(workspace, slug)
-    ctx.annotate(f"repository {full_name}: {_gone(outcome)}")
+        outcome = await _githost(ctx).delete(workspace, uuid)
+    ctx.annotate(f"repository {full_name} {uuid}: {_gone(outcome)}")
     return outcome.value
 
 

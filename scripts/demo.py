@@ -201,8 +201,10 @@ class Tour:
 
     async def teardown_then_replay(self, client: durable.Client) -> None:
         heading("3. A teardown where one delete fails, then a replay that finishes it")
-        fault = self.services.add_fault(
-            "/2.0/repositories/slots/slot-3", method="DELETE", status=403,
+        [repo] = [r for r in self.services.state()["repositories"]
+                  if r["full_name"] == "slots/slot-3"]
+        fault = self.services.add_fault(  # a teardown deletes a repository by its uuid
+            f"/2.0/repositories/slots/{repo['uuid']}", method="DELETE", status=403,
             body={"type": "error", "error": {"message": "missing scope repository:delete"}})
         note("the git host answers 403 to deleting slots/slot-3")
         await client.start("slot.teardown", "slot-3", id="teardown-slot-3", key="slot-3")
@@ -223,8 +225,8 @@ class Tour:
         await self.show(client, run.id)
         sent = [f"{e['method']} {e['path']}" for e in self.services.ledger()[before:]]
         slot = await self.slot(client, "slot-3")
-        expect(sent == ["DELETE /2.0/repositories/slots/slot-3"],
-               "the replay sent only the delete that was left")
+        expect(sent == [f"DELETE /2.0/repositories/slots/{repo['uuid']}"],
+               "the replay sent only the delete that was left (by the repository's uuid)")
         expect(run.state is durable.RunState.COMPLETED and slot.lifecycle == "retired"
                and slot.app is None and slot.repository is None,
                "slot-3 retired, its ids cleared only now")

@@ -27,6 +27,10 @@ Four services, each shaped after a real API, plus an admin surface:
       POST   /2.0/repositories/{workspace}/{slug}   200 repo JSON / 409 already exists
       DELETE /2.0/repositories/{workspace}/{slug}   204 / 404
 
+  As on Bitbucket, GET and DELETE also take the repository's uuid in braces in place of
+  the slug (``/2.0/repositories/slots/{1b2c...}``): it names that one repository, so a
+  repository created again under the same slug answers 404 there.
+
   Every repository is a real bare repository at ``GIT_ROOT/workspace/slug.git``; its
   ``links.clone`` list holds ``{"name": "file", "href": "<absolute path>"}``, usable by
   ``git clone`` and ``git push``. Its pre-receive hook fences pushes: a push whose

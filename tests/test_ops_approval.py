@@ -76,6 +76,13 @@ def _deletes(ops: Ops) -> list[str]:
     return [e["path"] for e in ops.services.ledger(method="DELETE")]
 
 
+def _repo_by_uuid(ops: Ops, full_name: str) -> str:
+    """The path a teardown deletes a repository by: its uuid (never its name)."""
+    [repo] = [r for r in ops.services.state()["repositories"] if r["full_name"] == full_name]
+    workspace = full_name.partition("/")[0]
+    return f"/2.0/repositories/{workspace}/{repo['uuid']}"
+
+
 def _api(ops: Ops) -> httpx.Client:
     """Someone else acting on the services between the plan and its approval."""
     return httpx.Client(base_url=ops.services.url, timeout=10,
@@ -96,6 +103,7 @@ def _with_new_volume(ops: Ops, app_uuid: str) -> None:
 
 async def test_approve_deletes_exactly_the_plan_and_show_says_who_approved(ops: Ops) -> None:
     await ops.slot("slot-4")
+    repo = _repo_by_uuid(ops, "slots/slot-4")
     await ops.client.start("slot.teardown", "slot-4", GATED, id="td-4", key="slot-4")
     async with running_worker(ops.client, durable.default_registry):
         run = await _waiting(ops, "td-4")
@@ -124,8 +132,7 @@ async def test_approve_deletes_exactly_the_plan_and_show_says_who_approved(ops: 
 
     assert done.state is RunState.COMPLETED, done.error
     assert sorted(_deletes(ops)) == sorted([
-        "/api/v1/databases/db-slot-4", "/api/v1/applications/app-slot-4",
-        "/2.0/repositories/slots/slot-4"])
+        "/api/v1/databases/db-slot-4", "/api/v1/applications/app-slot-4", repo])
     entries = await ops.client.journal("td-4")
     gate = approval_view(done, entries)
     assert gate is not None and gate.decision == "approved"
@@ -318,6 +325,7 @@ async def test_a_rejected_plan_is_replayed_only_from_its_plan_step_and_asked_ane
     """A replay keeps what the journal holds, the rejection too: one that kept the plan
     waited for ever for an approve that ``send_decision`` refuses ("already rejected")."""
     await ops.slot("slot-14")
+    repo = _repo_by_uuid(ops, "slots/slot-14")
     await ops.client.start("slot.teardown", "slot-14", GATED, id="td-14", key="slot-14")
     async with running_worker(ops.client, durable.default_registry):
         await _waiting(ops, "td-14")
@@ -348,8 +356,7 @@ async def test_a_rejected_plan_is_replayed_only_from_its_plan_step_and_asked_ane
         done = await ops.client.wait("td-14", timeout=30)
     assert done.state is RunState.COMPLETED, done.error
     assert sorted(_deletes(ops)) == sorted([
-        "/api/v1/databases/db-slot-14", "/api/v1/applications/app-slot-14",
-        "/2.0/repositories/slots/slot-14"])
+        "/api/v1/databases/db-slot-14", "/api/v1/applications/app-slot-14", repo])
 
 
 async def test_a_plan_whose_decision_timed_out_is_replayed_only_from_its_plan_step(

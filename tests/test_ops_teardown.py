@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+import durable
 from durable import RunState
 
 from .helpers import running_worker
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.anyio
 async def test_a_failed_delete_keeps_the_ids_and_a_replay_retries_only_what_is_left(
         ops: Ops) -> None:
     await ops.slot("slot-3")
-    ops.services.add_fault("/2.0/repositories/slots/slot-3", method="DELETE", status=403,
+    [repo] = [r for r in ops.services.state()["repositories"]
+              if r["full_name"] == "slots/slot-3"]
+    ops.services.add_fault("/2.0/repositories/slots/*", method="DELETE", status=403,
                            body={"type": "error", "error": {"message": "missing scope"}})
 
     failed = await ops.run("slot.teardown", "slot-3", key="slot-3", id="teardown-3")
@@ -47,7 +50,8 @@ async def test_a_failed_delete_keeps_the_ids_and_a_replay_retries_only_what_is_l
 
     assert done.state is RunState.COMPLETED, done.error
     after = [(e["method"], e["path"]) for e in ops.services.ledger()[before:]]
-    assert after == [("DELETE", "/2.0/repositories/slots/slot-3")]  # only what was left
+    # only what was left, the repository the first attempt identified (by its uuid)
+    assert after == [("DELETE", f"/2.0/repositories/slots/{repo['uuid']}")]
     assert not ops.services.repo_path("slots", "slot-3").exists()
     slot = await ops.record("slot-3")
     assert slot.lifecycle == "retired" and slot.occupancy == "vacant"
@@ -65,3 +69,32 @@ async def test_already_gone_counts_as_done(ops: Ops) -> None:
     assert done.state is RunState.COMPLETED, done.error
     assert all(d.endswith("already gone") for d in done.result["deleted"])
     assert (await ops.record("slot-8")).lifecycle == "retired"
+
+
+async def test_a_repository_created_again_under_the_same_name_is_not_deleted(ops: Ops) -> None:
+    """The delete went through but its answer was lost; before the step's retry, someone
+    created a new repository under the same name. The retry must not delete that one: the
+    teardown deletes the repository it identified (by uuid), never "whatever has this name".
+    """
+    await ops.slot("slot-r")
+    path = "/2.0/repositories/slots/slot-r"
+    old_uuid = {r["full_name"]: r["uuid"]
+                for r in ops.services.state()["repositories"]}["slots/slot-r"]
+    ops.services.add_fault(method="DELETE", path_regex=r"^/2\.0/repositories/slots/",
+                           phase="after", hang=True, times=1)
+    await ops.client.start("slot.teardown", "slot-r", id="teardown-r", key="slot-r")
+    async with running_worker(ops.client, durable.default_registry):
+        await ops.services.wait_for_entry(  # deleted, its answer held by the fault
+            lambda e: e["method"] == "DELETE" and e["path"].startswith("/2.0/") and e["faults"]
+            and e["handled"])
+        ops.services.seed(repositories=[{"workspace": "slots", "slug": "slot-r",
+                                         "files": {"README.md": "someone else's\n"}}])
+        ops.services.release()  # the answer is lost: the step tries again
+        done = await ops.client.wait("teardown-r", timeout=30)
+
+    assert done.state is RunState.COMPLETED, done.error
+    repos = {r["full_name"]: r["uuid"] for r in ops.services.state()["repositories"]}
+    assert "slots/slot-r" in repos and repos["slots/slot-r"] != old_uuid  # the new one lives
+    assert ops.services.repo_path("slots", "slot-r").exists()
+    assert not ops.requests("DELETE", path)  # never addressed by its name
+    assert done.result["deleted"][-1] == "repository slots/slot-r: already gone"

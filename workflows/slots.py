@@ -175,20 +175,24 @@ async def teardown(ctx: durable.WorkflowContext, slot_name: str,
     slot = await load_slot(ctx, slot_name)
     ids: dict[str, str | None] = {"database": slot.database, "application": slot.app,
                                   "repository": slot.repository}
+    planned: dict[str, Any] | None = None
     if opts.get("approval"):
-        ids = await _approved(ctx, f"Teardown of {slot_name} will delete:", ids,
-                              TEARDOWN_ACTIONS, opts.get("approval_timeout"))
-    targets: list[tuple[str, str | None, durable.Activity[[str], str]]] = [
+        ids, planned = await _approved(ctx, f"Teardown of {slot_name} will delete:", ids,
+                                       TEARDOWN_ACTIONS, opts.get("approval_timeout"))
+    targets: list[tuple[str, str | None, durable.Activity[[str], str] | None]] = [
         ("database", ids["database"], steps.delete_database),
         ("application", ids["application"], steps.delete_application),
-        ("repository", ids["repository"], steps.delete_repository)]
+        ("repository", ids["repository"], None)]
     remaining: list[str] = []
     done: list[str] = []
     for kind, ident, activity in targets:
         if ident is None:
             continue
         try:
-            outcome = await ctx.step(activity, ident, key=f"delete-{kind}")
+            if activity is None:
+                outcome = await _delete_repository(ctx, ident, planned)
+            else:
+                outcome = await ctx.step(activity, ident, key=f"delete-{kind}")
             done.append(f"{kind} {ident}: {str(outcome).replace('_', ' ')}")
         except durable.ActivityError as exc:
             remaining.append(f"{kind} {ident} ({exc})")
@@ -212,6 +216,25 @@ async def teardown(ctx: durable.WorkflowContext, slot_name: str,
     return {"slot": slot_name, "state": "retired", "deleted": done}
 
 
+async def _delete_repository(ctx: durable.WorkflowContext, full_name: str,
+                             planned: dict[str, Any] | None) -> str:
+    """Delete the repository that is ``full_name`` now, by its uuid, never by its name.
+
+    Repositories are named by their owner; the same name can be given to a new repository
+    at any time. So its identity is read and journaled first (the approved plan's reading,
+    or the step keyed ``identify-repository``), and the delete addresses that uuid: a try,
+    a recovered attempt or a replay that finds the name taken by another repository gets a
+    404 (already gone) and leaves the new one alone."""
+    if planned is None:
+        planned = await ctx.step(steps.read_resources, {"repository": full_name},
+                                 key="identify-repository")
+    found = planned.get("repository")
+    if found is None:
+        return "already_gone"
+    return await ctx.step(steps.delete_repository, full_name, found.get("uuid"),
+                          key="delete-repository")
+
+
 def _options(options: Any) -> dict[str, Any]:
     """A workflow's optional last argument: a JSON object of options."""
     if options is None:
@@ -223,8 +246,10 @@ def _options(options: Any) -> dict[str, Any]:
 
 
 async def _approved(ctx: durable.WorkflowContext, title: str, ids: dict[str, str | None],
-                    actions: dict[str, str], timeout: float | None) -> dict[str, str | None]:
-    """Journal the plan, wait for its approval, re-read; answers the targets to act on.
+                    actions: dict[str, str], timeout: float | None
+                    ) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """Journal the plan, wait for its approval, re-read; answers the targets to act on
+    and the approved plan's reading of them (their identities).
 
     Raises (failing the run before anything is touched) on a reject, a timeout, or a
     resource that changed since the plan; each change is named.
@@ -238,7 +263,7 @@ async def _approved(ctx: durable.WorkflowContext, title: str, ids: dict[str, str
         raise PlanChangedError(
             "the approved plan no longer holds: " + "; ".join(changed)
             + ". Nothing was deleted; start a new run to plan again.")
-    return planned_targets(ids, planned)
+    return planned_targets(ids, planned), planned
 
 
 @durable.workflow("slot.promote")

@@ -105,7 +105,12 @@ class Handlers:
 
     # Git host ---------------------------------------------------------------
     def _repo_key(self, request: Request) -> tuple[str, str] | None:
+        """The repository a path names: by slug, or (as Bitbucket allows) by its uuid in
+        braces; a uuid names that one repository, never a later one of the same name."""
         workspace, slug = request.path_params["workspace"], request.path_params["slug"]
+        if slug.startswith("{") and slug.endswith("}"):
+            return next((key for key, repo in self.state.repositories.items()
+                         if key[0] == workspace and repo["uuid"] == slug), None)
         if not (NAME.match(workspace) and NAME.match(slug)) or slug.endswith(".git"):
             return None
         return workspace, slug
@@ -123,7 +128,7 @@ class Handlers:
 
     async def create_repository(self, request: Request) -> Response:
         key = self._repo_key(request)
-        if key is None:
+        if key is None or request.path_params["slug"].startswith("{"):
             return _git_error(400, "Invalid workspace or repository slug.")
         if key in self.state.repositories:
             return _git_error(409, "Repository with this Slug and Owner already exists.")
