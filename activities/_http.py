@@ -23,6 +23,8 @@ from .outcomes import DeleteOutcome
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 STALE_FENCING_TOKEN = "stale fencing token"
 _DETAIL_LIMIT = 300
+_SHORTEST_SECRET = 4
+"""A shorter "credential" is not blanked out of messages (it would blank ordinary words)."""
 
 
 def segment(value: str) -> str:
@@ -81,12 +83,28 @@ class ApiTransport:
             raise ServiceUnreachableError(None, method, url, detail) from exc
 
 
+def without_credentials(text: str, request: httpx.Request) -> str:
+    """``text`` with the credential ``request`` carried (its Authorization value) blanked:
+    a service may quote the token it refused, and an error's text is journaled, logged,
+    shown and sent on in failure reports."""
+    scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+    for secret in (credential.strip(), scheme.strip()):
+        if len(secret) >= _SHORTEST_SECRET and secret.lower() not in ("bearer", "basic"):
+            text = text.replace(secret, "***")
+    return text
+
+
 def error_detail(response: httpx.Response) -> str:
-    """A short message from an error body (Coolify, Bitbucket, ElevenLabs shapes)."""
+    """A short message from an error body (Coolify, Bitbucket, ElevenLabs shapes), without
+    the request's credential (:func:`without_credentials`)."""
+    return without_credentials(_error_text(response), response.request)[:_DETAIL_LIMIT]
+
+
+def _error_text(response: httpx.Response) -> str:
     try:
         data = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return response.text[:_DETAIL_LIMIT]
+        return response.text
     message: Any = data
     if isinstance(data, dict):
         for key in ("message", "error", "detail"):
@@ -96,7 +114,7 @@ def error_detail(response: httpx.Response) -> str:
         if isinstance(message, dict):
             message = message.get("message", message)
     text = message if isinstance(message, str) else json.dumps(message)
-    return text[:_DETAIL_LIMIT]
+    return text
 
 
 def is_stale_fencing_refusal(response: httpx.Response) -> bool:

@@ -144,6 +144,23 @@ async def test_errors_carry_status_method_url_but_never_the_token(
         assert token not in text
 
 
+async def test_a_token_quoted_by_the_service_is_blanked_before_the_detail_is_cut(
+    fake_services: FakeServices, http: httpx.AsyncClient
+) -> None:
+    """The error's detail is an excerpt of the answer: the token is blanked in the whole
+    answer first, so an excerpt that ends inside it keeps no prefix of it either."""
+    token = "very-secret-token-value"
+    paas = PaasClient(http, fake_services.url, token)
+    for padding in (0, 290):
+        fake_services.clear_faults()
+        fake_services.add_fault("/api/v1/applications/*", status=401,
+                                body={"message": "x" * padding + f"bad key {token}!"})
+        with pytest.raises(ServiceError) as caught:
+            await paas.get_application("app-1")
+        assert token[:6] not in str(caught.value)
+    assert str(caught.value).endswith("x" * 8 + "bad key **")  # cut where the excerpt ends
+
+
 @pytest.mark.parametrize("status", [429, 503])
 async def test_retry_later_carries_retry_after(
     fake_services: FakeServices, paas: PaasClient, status: int

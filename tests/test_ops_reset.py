@@ -203,3 +203,24 @@ async def test_a_service_that_saw_a_newer_fencing_token_stops_the_attempt(ops: O
     journal = await ops.client.journal("reset-10")
     assert journal[-1].kind is durable.EntryKind.STEP_STARTED
     assert journal[-1].name == "paas.delete_database"
+
+
+async def test_a_service_that_echoes_the_token_in_its_error_does_not_leak_it(
+        ops: Ops, caplog: pytest.LogCaptureFixture) -> None:
+    """Some APIs quote the credential they refused ("invalid key sk-..."). The answer's
+    text goes into the step's error, so into the journal, the logs, the slot's state
+    reason and the failure notification: the token it sent is blanked out of it first."""
+    await ops.slot("slot-t")
+    token = ops.services.token
+    ops.services.add_fault("/api/v1/applications/app-slot-t", method="GET", status=401,
+                           body={"message": f"Unauthenticated: {token} is not a valid token"})
+    done = await ops.run("slot.reset", "slot-t", key="slot-t", id="reset-t")
+
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "HTTP 401: Unauthenticated: *** is not a valid" \
+        in done.error  # the rest of the answer is kept: it says what was wrong
+    journal = json.dumps([dict(e.data) for e in await ops.client.journal("reset-t")])
+    reason = (await ops.record("slot-t")).state_reason or ""
+    assert "check DURABLE_PAAS_TOKEN" in reason
+    sent = json.dumps(ops.services.notifications())
+    assert token not in journal + reason + sent + done.error + caplog.text
