@@ -25,9 +25,10 @@ Retry and ``on_doubt`` per activity, and why:
   someone else's repository looks like): retried only by the engine's policy, and a crash
   mid-call is *in doubt* -> ``on_doubt="fail"``. Its lookup reads the repository back (the
   create marks it with the run and step in its description): found and ours, the step is
-  done and its result is the repository; absent or someone else's, it did not happen; no
-  answer, it stays in doubt for an operator, whose ``--accept-in-doubt`` asks the lookup
-  again for the result.
+  done and its result is the repository (a retry that meets a 409 reads it back the same
+  way: its own repository, created by a try whose answer was lost, is no refusal); absent
+  or someone else's, it did not happen; no answer, it stays in doubt for an operator, whose
+  ``--accept-in-doubt`` asks the lookup again for the result.
 - The TTS call is billed. It carries an idempotency key made of the step's own key
   (``<run id>/item-<n>``) and the item, the same on every try and every attempt, so the
   service answers a repeated call from its record instead of billing again. Only because
@@ -436,22 +437,44 @@ def _creation_mark(ctx: durable.ActivityContext) -> str:
 @durable.activity("githost.create_repository", timeout=HTTP_TIMEOUT, retry=READ_RETRY,
                   on_doubt="fail")
 async def create_repository(ctx: durable.ActivityContext, full_name: str) -> dict[str, Any]:
-    """Create a private repository; 409 (already existed) fails the step.
+    """Create a private repository; 409 (already existed) fails the step, unless the
+    repository is this step's own (a try whose answer was lost created it).
 
     Not idempotent: a crash mid-call leaves the step in doubt. The repository's description
     names the run and step that created it, so the step's lookup
-    (:func:`created_repository`) can tell this step's repository from anyone else's.
+    (:func:`created_repository`), and a try that meets a 409, can tell this step's
+    repository from anyone else's.
     """
     workspace, slug = _split(full_name)
     with boundary("githost"):
         result = await _githost(ctx).create(workspace, slug, is_private=True,
                                             description=_creation_mark(ctx))
     if result.outcome is CreateOutcome.ALREADY_EXISTED or result.repository is None:
-        maybe_ours = (" (an earlier try of this step got no answer: it may have been this "
-                      "run's own create; check before replaying)") if ctx.try_number > 1 else ""
-        raise AlreadyExistsError(f"repository {full_name} already existed (409){maybe_ours}")
+        # an earlier try (or attempt) of this very step may have created it, its answer
+        # lost: its mark says so, and then the create is done, not refused
+        ours = await _created_by_this_step(ctx, full_name)
+        if ours is None:
+            raise AlreadyExistsError(f"repository {full_name} already existed (409), and not "
+                                     "created by this run: nothing was changed")
+        ctx.annotate(f"repository {full_name}: created by an earlier try of this step "
+                     "(its answer was lost)")
+        return ours
     repo = result.repository
     ctx.annotate(f"repository {full_name}: created")
+    return _repo_json(repo.full_name, repo.clone_url(), repo.mainbranch)
+
+
+async def _created_by_this_step(ctx: durable.ActivityContext,
+                                full_name: str) -> dict[str, Any] | None:
+    """The repository ``full_name`` if this step created it (it carries the step's mark),
+    else None (absent, or someone else's); a lookup that cannot tell raises."""
+    result = await _githost_lookup(ctx, full_name)
+    if result.outcome is Lookup.UNKNOWN or (
+            result.outcome is Lookup.FOUND and result.repository is None):
+        raise _unknown(result, full_name)
+    repo = result.repository
+    if repo is None or repo.description != _creation_mark(ctx):
+        return None
     return _repo_json(repo.full_name, repo.clone_url(), repo.mainbranch)
 
 
@@ -465,14 +488,8 @@ async def created_repository(ctx: durable.ActivityContext, full_name: str) -> An
     repository or fails on the 409 as any create would). A lookup that cannot tell (5xx,
     401, no answer) raises: the step stays in doubt.
     """
-    result = await _githost_lookup(ctx, full_name)
-    if result.outcome is Lookup.UNKNOWN or (
-            result.outcome is Lookup.FOUND and result.repository is None):
-        raise _unknown(result, full_name)
-    repo = result.repository
-    if repo is None or repo.description != _creation_mark(ctx):
-        return durable.NOT_DONE
-    return _repo_json(repo.full_name, repo.clone_url(), repo.mainbranch)
+    ours = await _created_by_this_step(ctx, full_name)
+    return durable.NOT_DONE if ours is None else ours
 
 
 @durable.activity("githost.delete_repository", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)

@@ -63,6 +63,23 @@ async def test_409_on_create_fails_the_promote(ops: Ops) -> None:
     assert not ops.services.repo_path("acme", "shop").exists()  # nothing pushed
 
 
+
+async def test_a_create_whose_answer_was_lost_is_not_taken_for_someone_elses(ops: Ops) -> None:
+    """The create went through, its answer was lost; the step's retry meets the 409 of its
+    own repository. The repository carries this step's mark: the create is done, the
+    promote goes on (a 409 that ends the run there would end every replay there too)."""
+    await ops.slot("slot-1")
+    ops.services.add_fault(TARGET, method="POST", phase="after", drop=True, times=1)
+    done = await ops.run("slot.promote", "slot-1", "acme/shop", key="slot-1", id="promote-9")
+    assert done.state is RunState.COMPLETED, done.error
+    assert [e["status"] for e in ops.requests("POST", TARGET)] == [None, 409]  # created once
+    source = git_head(ops.services.repo_path("slots", "slot-1"))
+    assert git_head(ops.services.repo_path("acme", "shop")) == source == done.result["sha"]
+    summaries = [str(e.data.get("summary", "")) for e in await ops.client.journal("promote-9")
+                 if e.name == "githost.create_repository"]
+    assert "repository acme/shop: created by an earlier try of this step (its answer was "\
+           "lost)" in summaries
+
 async def test_an_existing_target_is_refused(ops: Ops) -> None:
     await ops.slot("slot-1")
     ops.services.seed(repositories=[{"workspace": "acme", "slug": "shop",

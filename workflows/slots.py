@@ -276,7 +276,8 @@ async def promote(ctx: durable.WorkflowContext, slot_name: str, target: str) -> 
 
     Looks the target up first: found fails ("already exists"), and *unknown* (401, 403,
     5xx, no answer) fails too, never proceeding on a guess; only a 404 goes on. Then creates
-    it (an "already existed" 409 fails the run) and pushes the slot's current commit,
+    it (an "already existed" 409 fails the run, unless the repository carries this run's
+    mark: a create whose answer was lost) and pushes the slot's current commit,
     recorded in the journal, without force.
     """
     await steps.check_config(ctx, ["githost", "git"])
