@@ -11,7 +11,7 @@ import pytest
 
 import durable
 from durable import RunState
-from workflows import reset_status, run_status
+from workflows import reset_message, reset_status, run_status
 from workflows.status import MESSAGES, status_of
 
 from .helpers import running_worker
@@ -96,3 +96,27 @@ async def test_a_failed_reset_of_an_occupied_slot_reads_failed(ops: Ops) -> None
     await ops.client.store.put_records(None, [("slot", "slot-5", (await ops.record(
         "slot-5")).evolve(occupancy="vacant", updated_by="someone-else").to_json())])
     assert await reset_status(ops.client, "slot-5") == "failed"
+
+
+async def test_a_reset_cancelled_during_a_delete_says_what_it_had_done(ops: Ops) -> None:
+    """Cancelled while deleting: the database is gone, the env vars' delete in doubt. The
+    waiting screen must not read as "nothing happened": its message lists what is done and
+    what is in doubt, with a link to each step and to the run."""
+    await ops.slot("slot-c")
+    ops.services.add_fault("/api/v1/applications/app-slot-c/envs/*", method="DELETE",
+                           hang=True)
+    await ops.client.start("slot.reset", "slot-c", id="reset-c", key="slot-c")
+    async with running_worker(ops.client, durable.default_registry):
+        await ops.services.wait_for_entry(lambda e: "/envs/" in e["path"] and e["faults"])
+        await ops.client.cancel("reset-c")
+        done = await ops.client.wait("reset-c", timeout=30)
+    assert done.state is RunState.CANCELLED
+    assert ops.services.state()["databases"] == []  # deleted before the cancel
+
+    assert await reset_status(ops.client, "slot-c") == "cancelled"
+    text = await reset_message(ops.client, "slot-c")
+    assert text.startswith(MESSAGES["cancelled"])
+    assert "paas.delete_database - database db-slot-c: deleted" in text
+    assert "In doubt" in text and "paas.delete_env_vars" in text
+    assert "Journal: python -m durable show reset-c" in text
+    assert await reset_message(ops.client, "slot-never-reset") == MESSAGES["unknown"]

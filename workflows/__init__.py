@@ -11,7 +11,9 @@ from . import records as records
 from . import slots as slots
 from . import status as status
 from .records import Slot as Slot
+from .status import reset_message as reset_message
 from .status import reset_status as reset_status
 from .status import run_status as run_status
 
-__all__ = ["Slot", "audio", "records", "reset_status", "run_status", "slots", "status"]
+__all__ = ["Slot", "audio", "records", "reset_message", "reset_status", "run_status", "slots",
+           "status"]

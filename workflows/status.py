@@ -14,14 +14,15 @@ import durable
 
 from .records import read_slot
 
-__all__ = ["MESSAGES", "Status", "reset_status", "run_status", "status_of"]
+__all__ = ["MESSAGES", "Status", "reset_message", "reset_status", "run_status", "status_of"]
 
 Status = Literal["done", "failed", "cancelled", "running", "unknown"]
 
 MESSAGES: dict[Status, str] = {
     "done": "Reset finished: the slot is vacant.",
     "failed": "Reset failed: the slot stays occupied; its state reason says what was done.",
-    "cancelled": "Reset cancelled before it finished.",
+    "cancelled": "Reset cancelled before it finished: the slot stays occupied, and what the "
+                 "reset had already done stays done (the run's report lists it).",
     "running": "Reset in progress.",
     "unknown": "Cannot confirm the reset: no run was found. This is not a success.",
 }
@@ -50,13 +51,29 @@ async def reset_status(client: durable.Client, slot: str) -> Status:
     cancelled or is still sending its notification. Otherwise the run's state decides, so
     ``"failed"`` ("the slot stays occupied") is said only of a slot this run did not vacate.
     """
-    run = await client.latest("slot.reset", slot)
+    return await _reset_status(client, slot, await client.latest("slot.reset", slot))
+
+
+async def _reset_status(client: durable.Client, slot: str, run: durable.Run | None) -> Status:
     if run is None:
         return "unknown"
     record = await read_slot(client, slot)
     if record is not None and record.updated_by == run.id and record.occupancy == "vacant":
         return "done"
     return status_of(run)
+
+
+async def reset_message(client: durable.Client, slot: str) -> str:
+    """What the waiting screen says of the latest reset of ``slot``: its status's message
+    and, for a failed or cancelled reset, the run's recovery report: what it had already
+    done (deleted), what is in doubt, a link to each step and to the run. A cancel or a
+    failure mid-way leaves deletions behind; the message never reads as "nothing happened".
+    """
+    run = await client.latest("slot.reset", slot)
+    status = await _reset_status(client, slot, run)
+    if run is None or status not in ("failed", "cancelled"):
+        return MESSAGES[status]
+    return f"{MESSAGES[status]}\n{(await client.report(run.id)).text()}"
 
 
 async def run_status(client: durable.Client, run_id: str) -> Status:
