@@ -191,8 +191,16 @@ def _githost(ctx: durable.ActivityContext) -> GitHostClient:
     return GitHostClient(ctx.http, cfg.url, cfg.token)
 
 
-def _gone(outcome: DeleteOutcome) -> str:
-    return "deleted" if outcome is DeleteOutcome.DELETED else "already gone"
+def _gone(ctx: durable.ActivityContext, outcome: DeleteOutcome) -> str:
+    """What a delete's outcome says. A 404 on a later try does not mean "gone before this
+    step": an earlier try whose answer was lost (or an earlier attempt's) may have deleted
+    it, and a summary is what the recovery report lists as done."""
+    if outcome is DeleteOutcome.DELETED:
+        return "deleted"
+    if ctx.try_number > 1:
+        return ("gone: deleted by an earlier try of this step whose answer was lost, or by "
+                "someone else")
+    return "already gone"
 
 
 # -- configuration --------------------------------------------------------------------------
@@ -221,7 +229,7 @@ async def delete_database(ctx: durable.ActivityContext, db_uuid: str) -> str:
     """Delete a database; 404 means already gone, which counts as done."""
     with boundary("paas"):
         outcome = await _paas(ctx).delete_database(db_uuid)
-    ctx.annotate(f"database {db_uuid}: {_gone(outcome)}")
+    ctx.annotate(f"database {db_uuid}: {_gone(ctx, outcome)}")
     return outcome.value
 
 
@@ -277,7 +285,7 @@ async def delete_application(ctx: durable.ActivityContext, app_uuid: str) -> str
     """Delete an application with its volumes; 404 counts as done."""
     with boundary("paas"):
         outcome = await _paas(ctx).delete_application(app_uuid)
-    ctx.annotate(f"application {app_uuid}: {_gone(outcome)}")
+    ctx.annotate(f"application {app_uuid}: {_gone(ctx, outcome)}")
     return outcome.value
 
 
@@ -508,7 +516,7 @@ async def delete_repository(ctx: durable.ActivityContext, full_name: str,
             "name, which a repository created again under it would answer to")
     with boundary("githost"):
         outcome = await _githost(ctx).delete(workspace, uuid)
-    ctx.annotate(f"repository {full_name} {uuid}: {_gone(outcome)}")
+    ctx.annotate(f"repository {full_name} {uuid}: {_gone(ctx, outcome)}")
     return outcome.value
 
 

@@ -97,4 +97,20 @@ async def test_a_repository_created_again_under_the_same_name_is_not_deleted(ops
     assert "slots/slot-r" in repos and repos["slots/slot-r"] != old_uuid  # the new one lives
     assert ops.services.repo_path("slots", "slot-r").exists()
     assert not ops.requests("DELETE", path)  # never addressed by its name
-    assert done.result["deleted"][-1] == "repository slots/slot-r: already gone"
+    assert done.result["deleted"][-1].startswith("repository slots/slot-r: ")
+
+
+async def test_a_delete_whose_answer_was_lost_is_not_reported_as_gone_before(ops: Ops) -> None:
+    """The first try deleted the database, its answer was lost; the retry's 404 does not
+    mean "it was gone before": the step's summary (in show, the console and every recovery
+    report) says an earlier try may have deleted it."""
+    await ops.slot("slot-g")
+    ops.services.add_fault("/api/v1/databases/db-slot-g", method="DELETE", phase="after",
+                           drop=True, times=1)
+    done = await ops.run("slot.teardown", "slot-g", key="slot-g", id="teardown-g")
+    assert done.state is RunState.COMPLETED, done.error
+    [summary] = [e.data["summary"] for e in await ops.client.journal("teardown-g")
+                 if e.name == "paas.delete_database" and e.kind.value == "step_completed"]
+    assert summary == ("database db-slot-g: gone: deleted by an earlier try of this step "
+                       "whose answer was lost, or by someone else")
+    assert done.result["deleted"][1] == "application app-slot-g: deleted"
