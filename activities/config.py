@@ -26,7 +26,8 @@ variable                   meaning
                            console, for the links in recovery reports
 =========================  ==============================================================
 
-A missing or malformed variable raises :class:`MissingConfigError`, a
+A missing or malformed variable (a URL with a ``?query`` or ``#fragment`` too: a base URL
+carries no credential, which would be journaled) raises :class:`MissingConfigError`, a
 :class:`durable.NonRetryableError`: the step fails at once, before any request is sent,
 with a message naming the variable (never its value).
 """
@@ -99,6 +100,10 @@ def service(name: str, env: Mapping[str, str] | None = None) -> Service:
             "environment; nothing was sent")
     if not url.startswith(("http://", "https://")):
         raise MissingConfigError(f"{url_var} must be an http(s) URL")
+    if "?" in url or "#" in url:
+        # a credential in the query would be journaled (check's result) and in every error
+        raise MissingConfigError(f"{url_var} must be a base URL, without a ?query or "
+                                 f"#fragment (the token goes in {token_var})")
     return Service(name, url.rstrip("/"), token)
 
 

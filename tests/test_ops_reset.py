@@ -224,3 +224,18 @@ async def test_a_service_that_echoes_the_token_in_its_error_does_not_leak_it(
     assert "check DURABLE_PAAS_TOKEN" in reason
     sent = json.dumps(ops.services.notifications())
     assert token not in journal + reason + sent + done.error + caplog.text
+
+
+async def test_a_service_url_with_a_query_is_refused_before_anything_is_journaled(
+        ops: Ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base URL carrying a credential in its query (``?api_key=...``) is bad
+    configuration: it would be journaled (the configuration check's result) and quoted in
+    every error. The check refuses it naming the variable, never the value."""
+    await ops.slot("slot-q")
+    monkeypatch.setenv("DURABLE_PAAS_URL", ops.services.url + "/?api_key=QUERYSECRET123")
+    done = await ops.run("slot.reset", "slot-q", key="slot-q", id="reset-q")
+    assert done.state is RunState.FAILED
+    assert done.error is not None and "DURABLE_PAAS_URL must be a base URL" in done.error
+    journal = json.dumps([dict(e.data) for e in await ops.client.journal("reset-q")])
+    assert "QUERYSECRET123" not in journal + done.error
+    assert ops.services.ledger() == []  # nothing was sent
