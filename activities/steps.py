@@ -203,6 +203,14 @@ def _gone(ctx: durable.ActivityContext, outcome: DeleteOutcome) -> str:
     return "already gone"
 
 
+def _earlier_tries(ctx: durable.ActivityContext) -> str:
+    """For the summary of a step that deletes what it lists: a later try lists only what
+    is left, so what an earlier try deleted (its answer lost) is not in its list."""
+    if ctx.try_number == 1:
+        return ""
+    return "; an earlier try of this step, whose answer was lost, may have deleted more"
+
+
 # -- configuration --------------------------------------------------------------------------
 @durable.activity("config.check", timeout=5, retry=durable.RetryPolicy(max_tries=1))
 async def check_config(ctx: durable.ActivityContext, services: list[str]) -> dict[str, str]:
@@ -252,7 +260,8 @@ async def delete_env_vars(ctx: durable.ActivityContext, app_uuid: str) -> dict[s
             (deleted if outcome is DeleteOutcome.DELETED else gone).append(env.key)
             ctx.annotate(f"env vars of {app_uuid}: deleted {', '.join(deleted) or 'none'}")
     ctx.annotate(f"env vars of {app_uuid}: "
-                 + (f"deleted {', '.join(deleted)}" if deleted else "none left"))
+                 + (f"deleted {', '.join(deleted)}" if deleted else "none left")
+                 + _earlier_tries(ctx))
     return {"deleted": deleted, "already_gone": gone, "app_gone": False}
 
 
@@ -276,7 +285,8 @@ async def delete_volumes(ctx: durable.ActivityContext, app_uuid: str) -> dict[st
                 deleted.append(storage.name or storage.uuid)
             ctx.annotate(f"volumes of {app_uuid}: deleted {', '.join(deleted) or 'none'}")
     ctx.annotate(f"volumes of {app_uuid}: "
-                 + (f"deleted {', '.join(deleted)}" if deleted else "none left"))
+                 + (f"deleted {', '.join(deleted)}" if deleted else "none left")
+                 + _earlier_tries(ctx))
     return {"deleted": deleted, "app_gone": False}
 
 

@@ -239,3 +239,20 @@ async def test_a_service_url_with_a_query_is_refused_before_anything_is_journale
     journal = json.dumps([dict(e.data) for e in await ops.client.journal("reset-q")])
     assert "QUERYSECRET123" not in journal + done.error
     assert ops.services.ledger() == []  # nothing was sent
+
+
+async def test_a_later_try_does_not_report_only_what_it_found_left(ops: Ops) -> None:
+    """The first try deleted an env var and lost the answer; the retry lists what is left
+    and deletes it. Its summary (the recovery report's list of what was done) must not
+    read as if that were all this step deleted."""
+    await ops.slot("slot-e")
+    ops.services.add_fault("/api/v1/applications/app-slot-e/envs/*", method="DELETE",
+                           phase="after", drop=True, times=1)
+    done = await ops.run("slot.reset", "slot-e", key="slot-e", id="reset-e")
+    assert done.state is RunState.COMPLETED, done.error
+    [summary] = [e.data["summary"] for e in await ops.client.journal("reset-e")
+                 if e.name == "paas.delete_env_vars" and e.kind.value == "step_completed"]
+    assert summary.startswith("env vars of app-slot-e: deleted ")
+    assert summary.endswith("; an earlier try of this step, whose answer was lost, may have "
+                            "deleted more")
+    assert ops.services.state()["applications"][0]["envs"] == []
