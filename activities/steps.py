@@ -628,7 +628,9 @@ async def force_push(ctx: durable.ActivityContext, source: Repo, sha: str, targe
                 raise RemoteMovedError(
                     f"refusing to force-push: {target['full_name']} {branch} is no longer at "
                     f"{_short(expected_sha)}, the commit this run recorded; someone else "
-                    "pushed meanwhile") from exc
+                    "pushed meanwhile. A replay is refused the same way (it pushes against "
+                    "that recorded commit): look at the new commits, and to push over them "
+                    "start a new reset, which records the branch's commit anew") from exc
             except git.PushRejectedError as exc:
                 _fenced_out(exc, target)
                 raise RemoteMovedError(str(exc)) from exc

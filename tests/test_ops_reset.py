@@ -145,6 +145,14 @@ async def test_a_moved_remote_is_never_force_pushed_over(ops: Ops) -> None:
     slot = await ops.record("slot-5")
     assert slot.occupancy == "occupied"
     assert [n["body"]["outcome"] for n in ops.services.notifications()] == ["reset_failed"]
+    # what to do next is in the report: a replay cannot succeed, a new reset can
+    assert "A replay is refused the same way" in (slot.state_reason or "")
+    assert "start a new reset" in (slot.state_reason or "")
+    await ops.client.replay("reset-5")
+    async with running_worker(ops.client, durable.default_registry):
+        again = await ops.client.wait("reset-5", timeout=30)
+    assert again.state is RunState.FAILED and "refusing to force-push" in (again.error or "")
+    assert git_head(repo) == moved
 
 
 def _push_a_commit(bare: Path, work: Path) -> str:
