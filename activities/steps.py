@@ -191,6 +191,15 @@ def _githost(ctx: durable.ActivityContext) -> GitHostClient:
     return GitHostClient(ctx.http, cfg.url, cfg.token)
 
 
+def _annotated(ctx: durable.ActivityContext, what: str, outcome: DeleteOutcome) -> str:
+    """A delete's summary and result: the phrase of :func:`_gone` (``"deleted"``,
+    ``"already gone"``, or gone after a lost answer), the same in the journal's summary
+    and in what the workflow reports (slot.teardown's ``deleted`` list)."""
+    phrase = _gone(ctx, outcome)
+    ctx.annotate(f"{what}: {phrase}")
+    return phrase
+
+
 def _gone(ctx: durable.ActivityContext, outcome: DeleteOutcome) -> str:
     """What a delete's outcome says. A 404 on a later try does not mean "gone before this
     step": an earlier try whose answer was lost (or an earlier attempt's) may have deleted
@@ -234,11 +243,11 @@ async def get_application(ctx: durable.ActivityContext, app_uuid: str) -> dict[s
 
 @durable.activity("paas.delete_database", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)
 async def delete_database(ctx: durable.ActivityContext, db_uuid: str) -> str:
-    """Delete a database; 404 means already gone, which counts as done."""
+    """Delete a database; 404 means already gone, which counts as done. Answers what
+    happened, as a phrase (:func:`_gone`)."""
     with boundary("paas"):
         outcome = await _paas(ctx).delete_database(db_uuid)
-    ctx.annotate(f"database {db_uuid}: {_gone(ctx, outcome)}")
-    return outcome.value
+    return _annotated(ctx, f"database {db_uuid}", outcome)
 
 
 @durable.activity("paas.delete_env_vars", timeout=HTTP_TIMEOUT, retry=DELETE_RETRY)
@@ -295,8 +304,7 @@ async def delete_application(ctx: durable.ActivityContext, app_uuid: str) -> str
     """Delete an application with its volumes; 404 counts as done."""
     with boundary("paas"):
         outcome = await _paas(ctx).delete_application(app_uuid)
-    ctx.annotate(f"application {app_uuid}: {_gone(ctx, outcome)}")
-    return outcome.value
+    return _annotated(ctx, f"application {app_uuid}", outcome)
 
 
 # -- reading what an operation would touch (plans and their re-check) ----------------------
@@ -526,8 +534,7 @@ async def delete_repository(ctx: durable.ActivityContext, full_name: str,
             "name, which a repository created again under it would answer to")
     with boundary("githost"):
         outcome = await _githost(ctx).delete(workspace, uuid)
-    ctx.annotate(f"repository {full_name} {uuid}: {_gone(ctx, outcome)}")
-    return outcome.value
+    return _annotated(ctx, f"repository {full_name} {uuid}", outcome)
 
 
 # -- git ------------------------------------------------------------------------------------
