@@ -23,7 +23,7 @@ from . import _processes
 from ._errors import ConfigError, LeaseLostError
 from ._logging import redact, redact_json
 from ._registry import Activity, BoundActivity, positional
-from ._types import JSON, MAX_SECONDS, NEVER, Run
+from ._types import JSON, MAX_SECONDS, NEVER, Run, dumps
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -374,13 +374,20 @@ class ActivityContext:
         return self._http
 
     def heartbeat(self, detail: JSON = None) -> None:
-        """Report progress; the detail goes out with the worker's next lease renewal."""
+        """Report progress; the detail goes out with the worker's next lease renewal. A
+        detail that is not JSON is a :class:`durable.NotJsonError` here (it failed the
+        renewal, and the worker with it)."""
+        dumps(detail, "ctx.heartbeat's detail")
         if self._attempt is not None:
             self._attempt.heartbeat_detail = detail
 
     def annotate(self, summary: JSON) -> None:
         """A short summary of what this step did or touched, kept in the journal (redacted
-        of credentials first, like errors: a careless summary never journals a token)."""
+        of credentials first, like errors: a careless summary never journals a token). A
+        summary that is not JSON is a :class:`durable.NotJsonError` here, not when the
+        step's completion is journaled after its work was done; the step fails, untried
+        again."""
+        dumps(summary, "ctx.annotate's summary")
         self.summary = redact_json(summary)
 
     async def assert_still_mine(self) -> None:

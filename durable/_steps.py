@@ -728,7 +728,10 @@ class Steps:
                 if isinstance(exc, TimeoutError) and act.timeout is not None:
                     message = (f"timed out after {act.timeout:g} s (the call in flight was "
                                f"aborted){ctx.pool_wait_note()}")
-                retry = act.retry.retryable(exc) and view.tries_used < act.retry.max_tries
+                # a value durable was handed and cannot journal (ctx.annotate's): the same
+                # call would fail the same way, after the same effect
+                retry = (not isinstance(exc, NotJsonError) and act.retry.retryable(exc)
+                         and view.tries_used < act.retry.max_tries)
                 data: dict[str, JSON] = {"error": message, "error_type": type(exc).__name__,
                                          "summary": ctx.summary}
                 if retry:
