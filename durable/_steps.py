@@ -212,6 +212,16 @@ def encoded_once(value: Any, data: dict[str, JSON], what: str) -> str | None:
         return None  # another field's: the store refuses it as before
 
 
+def _check_record_name(name: object, what: str) -> None:
+    """A record's name: two strings. A key of another type was stored under its text but
+    known to the run by its value, so a write of ``("slot", 5)`` after a read of ``("slot",
+    "5")`` skipped the compare-and-set on the version read."""
+    if not (isinstance(name, tuple) and len(name) == 2
+            and all(isinstance(part, str) for part in name)):
+        raise ConfigError(f"{what}: a record is named by two strings (namespace, key), not "
+                          f"{name!r}")
+
+
 def as_journaled(encoded: str) -> JSON:
     """The result of a step's completion entry, encoded by :func:`encoded_once`, as the
     journal holds it: what every later attempt of the run reads. The attempt that ran the
@@ -392,6 +402,11 @@ class Steps:
 
     async def set_records(self, records: Mapping[tuple[str, str], JSON], summary: JSON,
                           key: str | None) -> None:
+        if not isinstance(records, Mapping):
+            raise ConfigError("ctx.set_records: records are a mapping of (namespace, key) to "
+                              f"a value, not {records!r}")
+        for name in records:
+            _check_record_name(name, "ctx.set_records")
         with self.identified("durable.set_records", key) as view:
             if view.state is StepState.COMPLETED:
                 return
@@ -413,6 +428,7 @@ class Steps:
             view.state = StepState.COMPLETED
 
     async def get_record(self, namespace: str, key: str) -> JSON:
+        _check_record_name((namespace, key), "ctx.get_record")
         with self.identified("durable.get_record", None) as view:
             if view.state is StepState.COMPLETED:
                 return view.result
