@@ -603,6 +603,8 @@ class Attempt:
                 return ("failed", TimeoutError(f"workflow timed out after {timeout:g} s{since}"))
         if steps.doom is not None:
             return ("failed", steps.doom)
+        if steps.suspended is not None:  # a wait the workflow swallowed: it waits all the same
+            raise steps.suspended
         refuse_unknown(result)
         check_journalable(result, "the workflow's result")
         return ("completed", result)

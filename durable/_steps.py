@@ -254,6 +254,9 @@ class Steps:
         self.history = History()
         self.doom: BaseException | None = None
         """An error that fails the run even if workflow code catches it."""
+        self.suspended: Suspended | None = None
+        """The durable wait this attempt raised to release the run: kept, so workflow code
+        that swallows it (a bare ``except:``) cannot go on past the wait."""
         self.in_flight: dict[str, StepView] = {}
         self._seq = 0
         self._used_keys: set[str] = set()
@@ -279,6 +282,8 @@ class Steps:
         look up a step, start or go on waiting, journal a value): an attempt whose
         workflow's time ran out stops there, and the run fails, whatever the code catches
         (the error is the attempt's doom, its scope is cancelled)."""
+        if self.suspended is not None:  # a wait it swallowed: it goes no further
+            raise self.suspended
         if self.overdue is None:
             return
         err = self.overdue(f"step {view.number} ({what})")
@@ -286,6 +291,11 @@ class Steps:
         if self.overdue_scope is not None:
             self.overdue_scope.cancel()
         raise err
+
+    def suspend(self, wait: Suspended) -> Suspended:
+        """``wait``, kept as the attempt's (:attr:`suspended`), to be raised."""
+        self.suspended = wait
+        return wait
 
     # -- identity ------------------------------------------------------------------------------
     @contextmanager
@@ -465,7 +475,7 @@ class Steps:
         store = self.attempt.store
         left = until - await store.now()
         if left > 0 and self._may_release(left):
-            raise Suspended(until, reason)
+            raise self.suspend(Suspended(until, reason))
         while left > 0:
             await anyio.sleep(min(left, WAIT_SLICE))
             left = until - await store.now()
@@ -554,7 +564,7 @@ class Steps:
                     log.info("signal_timed_out")
                     raise self._timed_out(view)
                 if self._may_release(left):
-                    raise Suspended(until, "signal", signal=name, seen=seen)
+                    raise self.suspend(Suspended(until, "signal", signal=name, seen=seen))
                 await anyio.sleep(WAIT_SLICE if left is None else min(left, WAIT_SLICE))
 
     # -- activities ----------------------------------------------------------------------------
@@ -765,7 +775,8 @@ class Steps:
                     view.error_type = type(exc).__name__
                     log.info("step_retrying", **{"try": number}, error=message, delay=delay)
                     if release and view.retry_at is not None:
-                        raise Suspended(view.retry_at, f"retry of step {view.number}") from None
+                        raise self.suspend(Suspended(
+                            view.retry_at, f"retry of step {view.number}")) from None
                     await anyio.sleep(delay)
                     continue
                 await self._fail_step(view, act, number, data)
