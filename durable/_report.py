@@ -85,6 +85,31 @@ class StepLine:
     accepted: bool = False
     """Counted as done by an operator (``replay --accept-in-doubt``), not by a journaled
     outcome."""
+    advice: str | None = None
+    """A step in doubt: what to do about it (:func:`doubt_advice`)."""
+
+
+def doubt_advice(run: Run, entries: Sequence[JournalEntry], number: int) -> str:
+    """What to do about step ``number``, in doubt, derived from the journal: every place
+    that says it (``show``, the recovery report, the console) says this.
+
+    A run that has not ended leaves it to its next attempt. One that ended asks the operator
+    to check it, then to replay choosing for it. A replay since its try that made no choice
+    for it (neither re-run nor accept: a replay with either, or from a step at or before it,
+    would have taken it out of doubt) is named, so the advice is never to act as if no
+    replay had happened.
+    """
+    started = max((e.seq for e in entries
+                   if e.step == number and e.kind is EntryKind.STEP_STARTED), default=0)
+    replay = next((e for e in reversed(entries)
+                   if e.kind is EntryKind.RUN_REPLAYED and e.seq > started), None)
+    since = (f"the replay at {utc(replay.at)} made no choice for it (re-run or accept)"
+             if replay is not None else "")
+    if not run.state.finished:
+        what = "the next attempt runs it again or fails, as its on_doubt says"
+        return f"{what}; {since}" if since else what
+    what = "check whether it took effect, then replay: re-run it if it did not, accept it if it did"
+    return f"{since}, so it is in doubt still: {what}" if since else what
 
 
 @attrs.frozen
@@ -135,9 +160,10 @@ class RecoveryReport:
         current = _current_epoch(run)
 
         def line(step: StepView, state: str) -> StepLine:
+            advice = doubt_advice(run, entries, step.number) if state == "in_doubt" else None
             return StepLine(step.number, step.key, step.name, state, step.tries,
                             step.summary, step.error, step_link(run.id, step.number, console_url),
-                            accepted=step.accepted)
+                            accepted=step.accepted, advice=advice)
 
         failed, completed, doubt, not_done = [], [], [], []
         for step in history.ordered():
@@ -180,9 +206,9 @@ class RecoveryReport:
         else:
             out.append("Already done: nothing.")
         if self.in_doubt:
-            out.append("In doubt (started, outcome unknown: check these before replaying):")
+            out.append("In doubt (started, outcome unknown):")
             for s in self.in_doubt:
-                out.append(f"  step {s.number} {s.activity}  -> {s.link}")
+                out.append(f"  step {s.number} {s.activity}: {s.advice}  -> {s.link}")
         out.append(f"Journal: {self.run_link}")
         return "\n".join(out)
 
@@ -688,11 +714,12 @@ class _View:
                       None))
             links.append(s.number)
         finished = run.state in (RunState.FAILED, RunState.CANCELLED)
-        for s in report.in_doubt:
-            what = ("check whether it took effect before replaying" if finished else
-                    "the next attempt runs it again or fails, as its on_doubt says")
-            self.add(("  in doubt: ", "in_doubt"), (f"step {s.number} {s.activity}: {what}",
-                                                     None))
+        for s in report.in_doubt:  # the advice wrapped to the width, never cut
+            first, *more = textwrap.wrap(f"step {s.number} {s.activity}: {s.advice}",
+                                         max(self.width - 12, 20))
+            self.add(("  in doubt: ", "in_doubt"), (first, None))
+            for line in more:
+                self.add((" " * 12, None), (line, None))
             links.append(s.number)
         if finished:
             options = "  [--rerun-in-doubt | --accept-in-doubt]" if report.in_doubt else ""

@@ -6,6 +6,7 @@ float or an empty ``from_step: ; in_doubt:``)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import anyio
 import pytest
@@ -20,6 +21,12 @@ from .test_guard_report_doubt import LEASE, _died_in_step_two, _flows
 
 pytestmark = pytest.mark.anyio
 
+
+@pytest.fixture
+def db_dir(tmp_path: Path) -> Path:
+    """Where ``fclient``'s SQLite file is (``clocked.db``)."""
+    return tmp_path
+
 RAW_KIND = re.compile(r"\b(run|step|signal)_[a-z_]+\b")
 RAW_TIME = re.compile(r"\b\d{9,}\.\d+\b")
 
@@ -30,17 +37,24 @@ def _section(page: str, pattern: str) -> str:
     return "".join(found)
 
 
-async def _recovered_failed_and_replayed(client: durable.Client, clock: durable.FakeClock,
-                                         registry: durable.Registry) -> str:
-    """The page of r1: its worker died in step 2 (lease ran out, recovered), the next attempt
-    failed on the step in doubt, and an operator replayed it, then again accepting the
-    step."""
+async def _failed_in_doubt(client: durable.Client, clock: durable.FakeClock,
+                           registry: durable.Registry, run_id: str) -> None:
+    """``run_id``'s worker died in step 2 (the lease ran out, the run was recovered), and the
+    next attempt failed on the step in doubt (its on_doubt is fail)."""
     _flows(registry)
-    run = await _died_in_step_two(client, "r1")
+    run = await _died_in_step_two(client, run_id)
     clock.advance(LEASE + 1)
     assert await client.store.recover_stale(run.id, run.epoch)
     async with running_worker(client, registry):
-        assert (await client.wait("r1", timeout=20)).state is RunState.FAILED
+        assert (await client.wait(run_id, timeout=20)).state is RunState.FAILED
+
+
+async def _recovered_failed_and_replayed(client: durable.Client, clock: durable.FakeClock,
+                                         registry: durable.Registry) -> str:
+    """The page of r1, failed in doubt (:func:`_failed_in_doubt`), then replayed by an
+    operator, then again accepting the step."""
+    await _failed_in_doubt(client, clock, registry, "r1")
+    async with running_worker(client, registry):
         await client.replay("r1")
         assert (await client.wait("r1", timeout=20)).state is RunState.FAILED
         await client.replay("r1", in_doubt="accept")
@@ -91,3 +105,52 @@ async def test_durable_list_and_the_console_name_the_notes_column_alike(
     table = _section(page, r'<table class="runs">.*?</thead>')
     console_columns = re.findall(r"<th>([^<]*)</th>", table)
     assert cli_columns[-1] == console_columns[-1] == "detail", (cli_columns, console_columns)
+
+
+async def _in_doubt_then(client: durable.Client, clock: durable.FakeClock,
+                         registry: durable.Registry, *, replayed: bool, ran: bool) -> str:
+    """r2 failed on step 2 in doubt (its worker died in it; the next attempt's on_doubt is
+    fail); ``replayed``: then replayed with no choice for it, ``ran``: and failed again."""
+    await _failed_in_doubt(client, clock, registry, "r2")
+    if replayed:
+        await client.replay("r2")
+    if ran:
+        async with running_worker(client, registry):
+            assert (await client.wait("r2", timeout=20)).state is RunState.FAILED
+    async with console(client) as http:
+        return (await http.get("/runs/r2")).text
+
+
+def _said(page: str, text: str) -> str:
+    """The console's help of step 2, its report, ``show`` and the report as text."""
+    help_ = _section(page, r'<div class="doubt-help">.*?</div>')
+    report = _section(page, r'<li class="doubt">.*?</li>')
+    said = " | ".join(re.sub(r"<[^>]+>", "", part) for part in (help_, report, text))
+    return re.sub(r"\s+", " ", said)  # show's lines wrapped to its width, joined
+
+
+@pytest.mark.parametrize(("replayed", "ran"), [(False, False), (True, False), (True, True)])
+async def test_the_help_for_a_step_in_doubt_follows_the_replays_since(
+        fclient: durable.Client, clock: durable.FakeClock, registry: durable.Registry,
+        db_dir: Path, replayed: bool, ran: bool) -> None:
+    page = await _in_doubt_then(fclient, clock, registry, replayed=replayed, ran=ran)
+    shown = await anyio.to_thread.run_sync(
+        lambda: cli("show", "r2", db=f"sqlite:///{db_dir / 'clocked.db'}"))
+    assert shown.returncode == 0, shown.stderr
+    said = _said(page, shown.stdout + (await fclient.report("r2")).text())
+    # the try in doubt was started under epoch 1 (its fencing token), noticed under epoch 2
+    assert "started under epoch 1" in said and "fencing token 1," in said, said
+    replay_said = re.findall(r"the replay at [-0-9: .]+UTC made no choice for it", said)
+    if not replayed:  # failed: check, then replay
+        assert not replay_said
+        assert said.count("check whether it took effect, then replay: re-run it if it did "
+                          "not, accept it if it did") == 4, said
+    elif not ran:  # queued by the replay: its next attempt acts, as on_doubt says
+        assert len(replay_said) == 4, said
+        assert said.count("the next attempt runs it again or fails, as its on_doubt says") \
+            == 4, said
+        assert "check whether it took effect" not in said and "then replay" not in said
+    else:  # the replay's attempt failed on it again: check it, and choose this time
+        assert len(replay_said) == 4, said
+        assert said.count("check whether it took effect, then replay: re-run it if it did "
+                          "not, accept it if it did") == 4, said

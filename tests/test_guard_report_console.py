@@ -47,5 +47,6 @@ async def test_a_run_queued_after_its_worker_died_mid_step_shows_the_step_in_dou
         page = (await http.get("/runs/r2")).text
     assert '<section class="report"><h2>Recovery report</h2>' in page
     assert ('<li class="doubt">In doubt: <a href="#step-2">step 2</a> g.charge: started, '
-            "outcome unknown.") in page
+            "outcome unknown; the next attempt runs it again or fails, as its on_doubt "
+            "says.") in page
     assert "Already done (will not be repeated): " in page

@@ -433,8 +433,8 @@ def report_block(d: RunDetail) -> str:
         items.append("<li>Already done: nothing.</li>")
     for s in r.in_doubt:
         items.append(f'<li class="doubt">In doubt: <a href="#step-{s.number}">step {s.number}'
-                     f"</a> {text(s.activity)}: started, outcome unknown. Check the service "
-                     "before replaying; then re-run it or accept it.</li>")
+                     f"</a> {text(s.activity)}: started, outcome unknown; {text(s.advice)}."
+                     "</li>")
     return (f'<section class="report"><h2>Recovery report</h2><ul>{"".join(items)}</ul>'
             f'<details><summary>as text</summary><pre>{text(r.text())}</pre></details>'
             "</section>")
@@ -448,8 +448,9 @@ def steps_block(d: RunDetail) -> str:
         if "event" not in row and isinstance(row["step"], int):
             rows.setdefault(row["step"], []).append(row)
     gone = d.gone is not None and d.run.state is RunState.RUNNING
-    items = [step_item(step, current, d.run, rows.get(step.number, []), gone=gone)
-             for step in history.ordered()]
+    advice = {s.number: s.advice for s in d.report.in_doubt}
+    items = [step_item(step, current, d.run, rows.get(step.number, []),
+                       advice.get(step.number), gone=gone) for step in history.ordered()]
     if not items:
         return ('<section class="steps"><h2>Steps</h2><p class="empty">No steps yet.</p>'
                 "</section>")
@@ -475,10 +476,13 @@ def _step_state(step: StepView, current: int, row: Mapping[str, JSON] | None = N
 
 
 def step_item(step: StepView, current: int, run: Run,
-              rows: Sequence[Mapping[str, JSON]] = (), *, gone: bool = False) -> str:
+              rows: Sequence[Mapping[str, JSON]] = (), advice: str | None = None, *,
+              gone: bool = False) -> str:
     """A step and its tries, each try as a row of ``show``'s timeline says it (its state,
-    epoch, start, duration and summary, error or note). ``gone``: the running run's worker
-    died for sure, so a step in flight is said to have lost it (not "in flight")."""
+    epoch, start, duration and summary, error or note); in doubt, what to check (under the
+    epoch its try started with, which a later attempt's notice of it does not change) and
+    ``advice``, the recovery report's (:func:`doubt_advice`). ``gone``: the running run's
+    worker died for sure, so a step in flight is said to have lost it (not "in flight")."""
     row = rows[-1] if rows else None
     state = _step_state(step, current, row)
     shown_gone = gone and state == "started"  # not "in flight": its worker is dead
@@ -507,13 +511,14 @@ def step_item(step: StepView, current: int, run: Run,
     if step.error and state != "completed":
         lines.append(f'<pre class="error">{text(step.error)}</pre>')
     if state == "in_doubt":
+        epoch = next((r["epoch"] for r in reversed(rows) if r["state"] == "in_doubt"),
+                     step.epoch)
         lines.append(
             '<div class="doubt-help"><b>In doubt</b>: this step started under epoch '
-            f"{step.epoch} and its attempt ended with no outcome recorded, so the request may "
-            "or may not have taken effect. Check the target service for the request with "
-            f"idempotency key <code>{text(run.id)}/{text(step.key)}</code> (fencing token "
-            f"{step.epoch}, scope <code>{text(run.fencing_scope)}</code>), then replay with "
-            "<i>re-run</i> (if it did not happen) or <i>accept</i> (if it did).</div>")
+            f"{epoch} and its attempt ended with no outcome recorded, so the request may "
+            "or may not have taken effect: the target service knows it by its idempotency "
+            f"key <code>{text(run.id)}/{text(step.key)}</code> (fencing token {epoch}, scope "
+            f"<code>{text(run.fencing_scope)}</code>); {text(advice)}.</div>")
     tries_rows = []
     for r in rows:
         at = r["start"] or r.get("noticed_at") or r["end"]
