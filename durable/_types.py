@@ -309,16 +309,24 @@ class Run:
         return attrs.evolve(self, **changes)
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class StartedRun(Run):
     """What :meth:`Client.start <durable.Client.start>` returns: the run, and whether this
-    start queued it."""
+    start queued it. It compares (and hashes) as the :class:`Run` it is: equal to the run
+    read back from the store."""
 
     created: bool = attrs.field(default=False, kw_only=True)
     """True when this start queued the run (or a send of it whose answer was lost did);
     False when a run of that id was there before, of the same workflow, arguments and key:
     a start again, idempotent, that returns that run as it is (in whatever state) and
     queues nothing."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Run):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in attrs.fields(Run))
+
+    __hash__ = Run.__hash__
 
     @classmethod
     def of(cls, run: Run, created: bool) -> StartedRun:

@@ -163,3 +163,16 @@ def test_show_prints_text_as_text_and_no_control_character(accented: str,
         assert "the bank said naïve \\u001b[2J\\u009b31m\\u007f" in out, out
     data = json.loads(cli("show", "acc", *more, "--json", db=accented).stdout)
     assert data["run"]["args"] == [TEXT, {"trap": TRAP}]
+
+
+@pytest.mark.anyio
+async def test_a_start_returns_whether_it_queued_the_run_and_equals_it(
+        client: durable.Client) -> None:
+    """What ``durable start`` says comes from here (``StartedRun.created``, the store's
+    answer); the run returned compares equal to the run read back, either way round."""
+    first = await client.start("t.any", 1, id="s")
+    again = await client.start("t.any", 1, id="s")
+    assert first.created and not again.created
+    read = await client.get("s")
+    assert first == read and read == first and (read,) == (again,)
+    assert not (read != again) and read != read.evolve(attempt=1)
