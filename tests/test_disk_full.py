@@ -146,7 +146,9 @@ async def a_record_write_waits_for_room(url: str, disk: Path, size: int,
                 getattr(r, "event", None) == "store_write_not_sent" for r in caplog.records)
 
         with caplog.at_level(logging.INFO, logger="durable"):
-            async with running_worker(client, reg, concurrency=1, lease=1.0):
+            # a lease of 3 s: on a loaded machine one try of an 8 MB write can outlast a
+            # 1 s lease, and the attempt (rightly) stops with its write's outcome unknown
+            async with running_worker(client, reg, concurrency=1, lease=3.0):
                 await poll(tried, timeout=20)
                 run = await store.get_run("big-record")
                 assert run is not None and run.state is RunState.RUNNING, run
