@@ -322,6 +322,12 @@ class Client:
         run of this one. ``created_from`` (inclusive) and ``created_to`` (exclusive) bound
         the creation time (datetimes, or store seconds); ``id_prefix`` matches ids that start
         with it, literally. Every filter shape is an indexed query (docs/list-queries.md).
+
+        A running run whose lease has expired (its worker died) is recovered as it is read,
+        as :meth:`get` does: it is returned as that left it (queued, or ended). Asked for
+        one ``state``, a run recovery moved out of it is left out and the read goes on past
+        it, so a page is as full and as exact as the store's: one shorter than ``limit``
+        is the last, whatever was recovered.
         """
         state = _state(state)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
@@ -334,11 +340,20 @@ class Client:
         if id_prefix is not None and not isinstance(id_prefix, str):
             raise ConfigError(f"id_prefix must be a string, not {id_prefix!r}")
         name = workflow.name if isinstance(workflow, Workflow) else workflow
-        runs = await self.store.list_runs(
-            state=state, workflow=name, key=key, limit=limit, before=cursor,
-            created_from=start, created_to=end, id_prefix=id_prefix or None)
-        recovered = [await self._recover(r) for r in runs]
-        return [r for r in recovered if state is None or r.state is state]
+        found: builtins.list[Run] = []
+        while len(found) < limit:
+            want = limit - len(found)
+            runs = await self.store.list_runs(
+                state=state, workflow=name, key=key, limit=want, before=cursor,
+                created_from=start, created_to=end, id_prefix=id_prefix or None)
+            for run in runs:
+                run = await self._recover(run)
+                if state is None or run.state is state:
+                    found.append(run)
+            if len(runs) < want:
+                break  # the store had no more
+            cursor = (runs[-1].created_at, runs[-1].id)  # past the runs left out, if any
+        return found
 
     async def list_unfinished(self, workflow: Workflow[..., Any] | str | None = None,
                               key: str | None = None, *, limit: int = 100,
