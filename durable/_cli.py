@@ -209,7 +209,7 @@ async def _cmd_list(args: argparse.Namespace) -> int:
         held = {p.workflow for p in await client.paused()}
         gone = await client.gone_holders(runs)
     if args.json:
-        print(json.dumps([run_json(r) for r in runs], indent=2))
+        print(json.dumps([run_json(r, gone.get(r.id)) for r in runs], indent=2))
         return 0
     if not runs:
         print("no runs")
@@ -243,8 +243,8 @@ async def _cmd_show(args: argparse.Namespace) -> int:
     if args.step is not None:
         check_step(run.id, entries, args.step, "--step")
     if args.json:
-        print(json.dumps(show_json(run, entries, args.console_url, args.step, signals),
-                         indent=2))
+        print(json.dumps(show_json(run, entries, args.console_url, args.step, signals,
+                                   gone), indent=2))
         return 0
     print(render_timeline(run, entries, step=args.step, console_url=args.console_url,
                           width=terminal_width(sys.stdout),

@@ -131,6 +131,11 @@ class GoneHolder:
         return (f"worker {self.worker} is gone (its process died: its liveness lock is "
                 f"free); {then}")
 
+    def as_dict(self) -> dict[str, Any]:
+        """``worker_gone`` of a run in the ``--json`` shapes and the console's API."""
+        return {"worker": self.worker, "live_worker_found": self.others,
+                "phrase": self.phrase()}
+
     def note(self) -> str:
         """What a runs list says of the run."""
         then = ("a live worker takes it over" if self.others

@@ -10,14 +10,19 @@ import attrs
 
 from ._approval import approval_view
 from ._progress import progress
-from ._report import RecoveryReport, timeline_rows
+from ._report import GoneHolder, RecoveryReport, timeline_rows
 from ._types import JournalEntry, Run, Signal
 
 
-def run_json(run: Run) -> dict[str, Any]:
-    """A run as JSON: every field of :class:`durable.Run`, the state as its name."""
+def run_json(run: Run, gone: GoneHolder | None = None) -> dict[str, Any]:
+    """A run as JSON: every field of :class:`durable.Run`, the state as its name, and
+    ``worker_gone``: of a running run whose worker is dead for sure (``gone``, from
+    :meth:`durable.Client.gone_holders`), ``{"worker", "live_worker_found", "phrase"}``
+    (``live_worker_found`` true, false or null: it could not be told); null when nothing
+    is known of its worker (alive, not probed, or a probe that cannot tell)."""
     data = attrs.asdict(run)
     data["state"] = run.state.value
+    data["worker_gone"] = None if gone is None else gone.as_dict()
     return data
 
 
@@ -29,7 +34,8 @@ def entry_json(entry: JournalEntry) -> dict[str, Any]:
 
 
 def show_json(run: Run, entries: Sequence[JournalEntry], console_url: str | None = None,
-              step: int | None = None, signals: Sequence[Signal] = ()) -> dict[str, Any]:
+              step: int | None = None, signals: Sequence[Signal] = (),
+              gone: GoneHolder | None = None) -> dict[str, Any]:
     """``show ID --json``: the run, its steps (timeline rows), its journal, its recovery
     report, its per-item progress (None unless the run declared items with
     ``ctx.items``) and its plan and approval (None unless it journaled a plan); with
@@ -38,7 +44,7 @@ def show_json(run: Run, entries: Sequence[JournalEntry], console_url: str | None
     items = progress(run, entries)
     gate = approval_view(run, entries, signals)
     return {
-        "run": run_json(run),
+        "run": run_json(run, gone),
         "steps": [row for row in timeline_rows(run, entries)
                   if step is None or row.get("step") == step],
         "journal": [entry_json(e) for e in entries if step is None or e.step == step],

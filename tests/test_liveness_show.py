@@ -7,6 +7,7 @@ on a loopback socket; asyncio and trio."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -54,6 +55,9 @@ async def test_a_sigkilled_worker_s_run_is_said_to_wait_for_a_live_worker(
             before = await holding_in_process(client, log, "d1")
             shown = await read("show", "d1", db=db_url)  # alive: as it always said
             assert "in flight" in shown and "gone" not in shown
+            # alive: the JSON says nothing of its worker either
+            assert json.loads(await read("show", "d1", "--json", db=db_url)
+                              )["run"]["worker_gone"] is None
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         [lock_file] = os.listdir(folder_of(db_url))
@@ -65,6 +69,14 @@ async def test_a_sigkilled_worker_s_run_is_said_to_wait_for_a_live_worker(
                 ) in " ".join(shown.split())
         assert "in flight" not in shown and "its worker died during it" in shown
         assert "died" in line_of(await read("list", db=db_url), "d1")
+        # the JSON says it too (before: nothing; show and list --json as of a live worker)
+        gone = {"worker": before.worker, "live_worker_found": False, "phrase": (
+            f"worker {before.worker} is gone (its process died: its liveness lock is free); "
+            "no live worker found: the first worker started takes the run over")}
+        shown_json = json.loads(await read("show", "d1", "--json", db=db_url))
+        assert shown_json["run"]["worker_gone"] == gone
+        [listed] = json.loads(await read("list", "--json", db=db_url))
+        assert listed["id"] == "d1" and listed["worker_gone"] == gone
         # read-only: the run, its journal and the dead worker's lock file are as they were
         run = await client.store.get_run("d1")
         assert run is not None and run.state is RunState.RUNNING
@@ -85,6 +97,11 @@ async def test_a_sigkilled_worker_s_run_is_said_to_wait_for_a_live_worker(
                 assert ">worker died</span>" in page and ">in flight</span>" not in page
                 listing = (await http.get("/runs")).text
                 assert f"worker {before.worker} died" in listing
+                found = {"worker": before.worker, "live_worker_found": True}
+                api = (await http.get("/api/runs/d1")).json()["run"]["worker_gone"]
+                assert api.items() >= found.items()
+                [api_run] = (await http.get("/api/runs")).json()["runs"]
+                assert api_run["worker_gone"].items() >= found.items()
         finally:
             live.release()
 
@@ -93,6 +110,8 @@ async def test_a_sigkilled_worker_s_run_is_said_to_wait_for_a_live_worker(
             await taken_over(client, before)
             shown = await read("show", "d1", db=db_url)
             assert "gone" not in shown and "in flight" in shown  # the new worker's attempt
+            assert json.loads(await read("list", "--json", db=db_url)
+                              )[0]["worker_gone"] is None
             gate.touch()
             assert (await client.wait("d1", timeout=20)).state is RunState.COMPLETED
 

@@ -584,7 +584,9 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
         query = _list_query(request)
         runs, counts, cursor = await console.runs(query, request.query_params.get("before"))
         paused = [attrs.asdict(p) for p in await console.client.paused()]
-        return JSONResponse(_safe({"runs": [run_json(r) for r in runs], "next": cursor,
+        gone = await console.client.gone_holders(runs)
+        return JSONResponse(_safe({"runs": [run_json(r, gone.get(r.id)) for r in runs],
+                                   "next": cursor,
                                    "counts": counts, "paused": paused}))
 
     async def api_get(request: Request) -> Response:
@@ -599,7 +601,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
                 return JSONResponse({"status": "pruned", **pruned.to_json()}, 410)
             return JSONResponse({"status": "unknown",
                                  "error": f"no run with id {run_id!r} in {console.db}"}, 404)
-        data = show_json(detail.run, detail.entries, console.console_url)
+        data = show_json(detail.run, detail.entries, console.console_url, gone=detail.gone)
         data["approval"] = None if detail.approval is None else detail.approval.as_dict()
         data["signals"] = [attrs.asdict(s) for s in detail.signals]
         data["progress"] = None if detail.progress is None else detail.progress.as_dict()
