@@ -123,6 +123,15 @@ def check_seconds(value: Any, what: str, *, zero: bool = False) -> float:
     return float(value)
 
 
+def check_count(value: Any, what: str) -> int:
+    """``value`` as a count of 1 or more: an int, not a bool (True is not a count); else a
+    ConfigError, ``"{what} must be at least 1 (a whole number), not 1.5"``. NaN and 1.5
+    pass a plain ``value < 1`` check."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what} must be at least 1 (a whole number), not {value!r}")
+    return value
+
+
 MAX_SECONDS = 100 * 365.25 * 86400
 """The longest span any option takes (a timeout, a delay, a sleep, an age): 100 years. A
 finite number of seconds past that (``--delay 1e300``) was stored, and then every line that

@@ -27,7 +27,16 @@ from ._registry import Registry, Workflow, default_registry
 from ._retention import prune
 from ._schedules import Scheduler
 from ._steps import DEFAULT_WAIT_THRESHOLD
-from ._types import EntryKind, Fence, Finish, JournalWrite, Run, RunState, check_seconds
+from ._types import (
+    EntryKind,
+    Fence,
+    Finish,
+    JournalWrite,
+    Run,
+    RunState,
+    check_count,
+    check_seconds,
+)
 from .store import Cursor, Store
 
 SPAWN_WAVE = 4
@@ -113,10 +122,9 @@ class Worker:
         durable_wait_threshold: float = DEFAULT_WAIT_THRESHOLD,
         gc_policy: bool = True,
     ) -> None:
-        if concurrency < 1:
-            raise ConfigError("concurrency must be at least 1")
-        if http_connections is not None and http_connections < 1:
-            raise ConfigError("http_connections must be at least 1")
+        check_count(concurrency, "concurrency")
+        if http_connections is not None:
+            check_count(http_connections, "http_connections")
         for option, value, zero in (
                 ("lease", lease, False), ("poll_interval", poll_interval, False),
                 ("grace", grace, True), ("heartbeat_interval", heartbeat_interval, False),

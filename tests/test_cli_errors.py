@@ -7,13 +7,14 @@ database, a missing one, an id reused for another workflow.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -304,6 +305,26 @@ def test_a_worker_time_it_cannot_use_is_a_config_error_naming_it(
     store = durable.store_from_url(f"sqlite:///{tmp_path / 'unused.db'}")  # never opened
     with pytest.raises(durable.ConfigError, match=rf"^{option} must be .*, not {value!r}"):
         durable.Worker(store, **{option: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("concurrency", 1.5), ("concurrency", 0), ("concurrency", -2),
+    ("concurrency", float("nan")), ("concurrency", True), ("concurrency", "4"),
+    ("http_connections", 2.5), ("http_connections", float("nan")),
+    ("http_connections", True), ("http_connections", 0),
+])
+def test_a_worker_count_it_cannot_use_is_a_config_error_naming_it(
+        tmp_path: Path, option: str, value: Any) -> None:
+    """The worker's counts are whole numbers of 1 or more: ``concurrency=1.5`` (or NaN,
+    or True) was accepted (``< 1`` is false of each), NaN then never let a claim through
+    and 1.5 took two runs at once; a bool is not a count. A ConfigError naming the option
+    and the value, when the worker is made."""
+    store = durable.store_from_url(f"sqlite:///{tmp_path / 'unused.db'}")  # never opened
+    with pytest.raises(durable.ConfigError,
+                       match=rf"^{option} must be at least 1 \(a whole number\), not "
+                             rf"{re.escape(repr(value))}$"):
+        durable.Worker(store, **{option: value})
+    assert durable.Worker(store, concurrency=1, http_connections=1).concurrency == 1
 
 
 @pytest.mark.parametrize("option", ["--poll", "--lease", "--grace"])
