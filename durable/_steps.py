@@ -45,7 +45,7 @@ from ._history import History, StepView, tries
 from ._interceptors import StepInfo, around, tell
 from ._logging import redact
 from ._registry import NOT_DONE
-from ._types import JSON, EntryKind, JournalWrite, StepState, dumps, loads
+from ._types import JSON, EntryKind, JournalWrite, StepState, check_step_key, dumps, loads
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -339,6 +339,8 @@ class Steps:
         self._used_keys.add(skey)
         view = self.history.steps.get(skey)
         if view is None:
+            if key is not None:  # a new key only: one journaled before this check is read
+                check_step_key(key)
             view = self.history.add(skey, name)
         elif view.name != name:
             err = NonDeterminismError(

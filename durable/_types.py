@@ -169,6 +169,15 @@ def check_printable(text: str, what: str) -> str:
     return text
 
 
+def check_step_key(key: Any) -> str:
+    """A new step's key (``ctx.step(..., key=)``, ``ctx.set_records(..., key=)``): a string
+    that :func:`check_printable` takes. Another type was journaled as its ``str()``
+    (``('a',)``), and a key with an escape sequence reached the terminal of ``show``."""
+    if not isinstance(key, str):
+        raise ConfigError(f"a step key must be a string, not {key!r}"[:200])
+    return check_printable(key, "a step key")
+
+
 MAX_JSON_DEPTH = 100
 """How deep a journaled value's arrays and objects may nest. Reading a value back (a
 resumed attempt folding its journal, the console redacting it for a page) recurses once
