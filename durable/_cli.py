@@ -19,7 +19,6 @@ from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
-import attrs
 from anyio.abc import TaskStatus
 
 from ._approval import APPROVE, REJECT, send_decision
@@ -48,7 +47,7 @@ from ._report import (
 )
 from ._retention import PrunedRun, parse_duration, parse_states, prune
 from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
-from ._shapes import run_json, show_json
+from ._shapes import pause_json, run_json, show_json
 from ._types import Run, RunState, check_key, check_printable, check_seconds
 from ._version import __version__
 from ._worker import Worker
@@ -399,9 +398,8 @@ async def _unfinished(client: Client, workflow: str | None, key: str | None,
 async def _cmd_pause(args: argparse.Namespace) -> int:
     async with _existing(args) as client:
         pause = await client.pause(args.workflow, origin=_cli_origin())
-        known = await client.list(workflow=args.workflow, limit=1)
         queued = (await client.counts(workflow=args.workflow))["queued"]
-    if not known:  # a typo pauses nothing that exists; a new workflow may be paused first
+    if not pause.known:  # a typo pauses nothing that exists; a new one may be paused first
         print(f"durable: note: no run of {args.workflow!r} was ever started in this "
               "database (paused all the same; durable resume undoes it)", file=sys.stderr)
     print(f"{pause.workflow} {paused_phrase(pause)}: no attempt of it starts until "
@@ -423,7 +421,7 @@ async def _cmd_paused(args: argparse.Namespace) -> int:
         counts = {p.workflow: (await client.counts(workflow=p.workflow))["queued"]
                   for p in paused}
     if args.json:
-        print(json.dumps([{**attrs.asdict(p), "queued": counts[p.workflow]} for p in paused],
+        print(json.dumps([{**pause_json(p), "queued": counts[p.workflow]} for p in paused],
                          indent=2))
         return 0
     if not paused:

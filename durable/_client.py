@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import anyio
+import attrs
 
 from . import _liveness, _wake
 from ._approval import PlanClosedError, closed_plan
@@ -672,7 +673,9 @@ class Client:
         more), its running attempts go on, and a run of it released to wait resumes only
         after it is resumed. The pause in force is returned: pausing a paused workflow
         changes nothing (the first pause, its time and ``origin``, stands). ``origin`` is who
-        paused it, as for :meth:`cancel`."""
+        paused it, as for :meth:`cancel`. Its ``known`` says whether a run in the database
+        or this client's registry knows the workflow: a name nobody knows (a typo) is
+        paused all the same, as a new workflow may be paused before its first start."""
         name = _workflow_name(workflow)
         by = _origin(origin)
 
@@ -688,9 +691,12 @@ class Client:
             raise StoreError(f"workflow {name!r} kept being paused and resumed meanwhile; "
                              "look: durable paused")
 
-        return await self._answered(
+        paused = await self._answered(
             pause, pause, "pause_outcome_unknown", f"the pause of workflow {name!r}",
             "it may have been paused; look (durable paused)", workflow=name)
+        known = name in self.registry.workflows or bool(
+            await self.store.list_runs(workflow=name, limit=1))
+        return attrs.evolve(paused, known=known)
 
     async def resume(self, workflow: Workflow[..., Any] | str) -> PausedWorkflow | None:
         """Resume a paused workflow: its runs are claimable again (idle workers are woken).

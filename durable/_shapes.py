@@ -11,7 +11,7 @@ import attrs
 from ._approval import approval_view
 from ._progress import progress
 from ._report import GoneHolder, RecoveryReport, timeline_rows
-from ._types import JournalEntry, Run, Signal
+from ._types import JournalEntry, PausedWorkflow, Run, Signal
 
 
 def run_json(run: Run, gone: GoneHolder | None = None) -> dict[str, Any]:
@@ -24,6 +24,12 @@ def run_json(run: Run, gone: GoneHolder | None = None) -> dict[str, Any]:
     data["state"] = run.state.value
     data["worker_gone"] = None if gone is None else gone.as_dict()
     return data
+
+
+def pause_json(pause: PausedWorkflow) -> dict[str, Any]:
+    """A paused workflow as JSON: its workflow, ``paused_at`` and ``origin`` (not ``known``,
+    which only the pause's caller is told)."""
+    return attrs.asdict(pause, filter=lambda field, _: field.name != "known")
 
 
 def entry_json(entry: JournalEntry) -> dict[str, Any]:

@@ -394,6 +394,11 @@ class PausedWorkflow:
     """When, on the store's clock."""
     origin: Mapping[str, JSON] | None = None
     """Who paused it (``{"via": "cli", "user": ..., "host": ...}``), as given."""
+    known: bool | None = attrs.field(default=None, eq=False, kw_only=True)
+    """Told by :meth:`Client.pause <durable.Client.pause>` only: False when neither a run in
+    the database nor the client's registry knows the workflow (a typo; or a workflow paused
+    before its first start, on purpose: it is paused all the same), True when either does.
+    None on a pause read back (``paused``, ``pause_of``). Not compared, not in the JSON."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> PausedWorkflow:

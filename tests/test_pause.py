@@ -164,6 +164,24 @@ async def test_pausing_twice_keeps_the_first_pause_and_resuming_twice_ends_it_on
     assert [p.workflow for p in await client.paused()] == ["other"]
 
 
+async def test_a_pause_says_whether_the_workflow_is_known(
+        client: durable.Client, operator: durable.Client, registry: durable.Registry) -> None:
+    """``known`` of what ``pause`` returns: False for a name neither a run in the database
+    nor the client's registry knows (a typo: paused all the same, as a new workflow may be
+    paused before its first start); True once either knows it. A pause read back
+    (``paused``, ``pause_of``) is not told (None), and compares equal all the same.
+    Before: nothing told the caller of the typo (only the CLI looked, and printed a note)."""
+    typo = await operator.pause("slot.teardwn")
+    assert typo.known is False
+    assert [(p.workflow, p.known) for p in await operator.paused()] == [("slot.teardwn", None)]
+    assert await operator.pause_of("slot.teardwn") == typo
+    assert (await operator.pause("slot.teardwn")).known is False  # paused already: the same
+    await operator.start("other.flow", id="o1")  # by name: no registry knows it, a run does
+    assert (await operator.pause("other.flow")).known is True
+    flows(registry, [])  # declared in the client's registry, no run of it yet
+    assert (await client.pause("report")).known is True
+
+
 @pytest.mark.parametrize("bad", ["", "  ", None, 3])
 async def test_a_workflow_that_is_no_name_is_refused(client: durable.Client,
                                                      bad: object) -> None:

@@ -61,7 +61,7 @@ from .._report import (
     run_path,
     utc,
 )
-from .._shapes import entry_json, run_json, show_json
+from .._shapes import entry_json, pause_json, run_json, show_json
 from .._types import JSON, MAX_JSON_DEPTH, EntryKind, Run, RunState, dumps
 from . import _render as render
 
@@ -583,7 +583,7 @@ def create_app(client: Client, *, token: str | None = None, console_url: str | N
     async def api_runs(request: Request) -> Response:
         query = _list_query(request)
         runs, counts, cursor = await console.runs(query, request.query_params.get("before"))
-        paused = [attrs.asdict(p) for p in await console.client.paused()]
+        paused = [pause_json(p) for p in await console.client.paused()]
         gone = await console.client.gone_holders(runs)
         return JSONResponse(_safe({"runs": [run_json(r, gone.get(r.id)) for r in runs],
                                    "next": cursor,
