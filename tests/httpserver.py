@@ -26,6 +26,7 @@ class Seen:
     body: bytes
     arrived: float
     disconnected_at: float | None = None
+    answered_at: float | None = None
 
 
 @attrs.define
@@ -35,6 +36,8 @@ class Rule:
     headers: dict[str, str] = attrs.Factory(dict)
     hang: bool = False
     times: int | None = None
+    answer_after: anyio.Event | None = None
+    """Hold the answer until this event is set (a request in flight, then answered)."""
 
 
 class LoopbackServer:
@@ -118,10 +121,15 @@ class LoopbackServer:
                 f"HTTP/1.1 {rule.status} X\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n"
             ).encode() + body
+            if rule.answer_after is not None:
+                await rule.answer_after.wait()
             try:
                 await stream.send(response)
             except (anyio.BrokenResourceError, OSError):
                 pass
+            else:
+                seen.answered_at = time.time()
+                self._notify()
 
 
 @asynccontextmanager

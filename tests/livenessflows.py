@@ -2,7 +2,8 @@
 
 ``live.hold`` writes ``hold`` to a log and waits for a gate file; ``live.spawn`` first starts
 a long-lived child process (exec'd, or forked without exec) that outlives its worker, and
-writes the child's pid to the log, so the test can kill it."""
+writes the child's pid to the log, so the test can kill it. ``live.relay`` sends a GET and
+then a DELETE to a loopback server in one step."""
 
 from __future__ import annotations
 
@@ -64,3 +65,16 @@ async def live_hold(ctx: durable.WorkflowContext, log: str, gate: str) -> str:
 @durable.workflow("live.spawn")
 async def live_spawn(ctx: durable.WorkflowContext, log: str, gate: str, how: str) -> str:
     return str(await spawn_step(ctx, log, gate, how))
+
+
+@durable.activity("live.read_then_delete", on_doubt="retry")
+async def read_then_delete(ctx: durable.ActivityContext, url: str) -> str:
+    """Two requests in one step, as a teardown's look-then-delete: a GET, then a DELETE."""
+    await ctx.http.get(f"{url}/read")
+    await ctx.http.delete(f"{url}/thing")
+    return "deleted"
+
+
+@durable.workflow("live.relay")
+async def live_relay(ctx: durable.WorkflowContext, url: str) -> str:
+    return str(await read_then_delete(ctx, url))

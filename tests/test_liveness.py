@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 
+import anyio
 import pytest
 
 import durable
@@ -23,6 +25,7 @@ from durable.store._sqlite import SqliteStore
 from . import livenessflows
 from .conftest import ROOT
 from .helpers import kinds, poll, python_process, running_worker
+from .httpserver import Rule, loopback_server
 
 pytestmark = pytest.mark.anyio
 
@@ -154,6 +157,61 @@ async def test_a_sigstopped_worker_loses_its_run_when_its_lease_lapses(
         assert done.state is RunState.COMPLETED and done.epoch > before.epoch
         [recovered] = [e for e in await client.journal("s2") if e.kind.value == "run_recovered"]
         assert "worker_died" not in recovered.data  # the lease lapsed: not a death
+
+
+async def test_a_worker_frozen_past_its_lease_mid_request_sends_nothing_once_thawed(
+        db_url: str, tmp_path: Path, anyio_backend: str) -> None:
+    """The faults together that the torture run meets only by chance: a worker frozen
+    (SIGSTOP) with a request at the service, past its lease, holding its liveness lock (so
+    its run is taken over by the lease, not as a death); the service answers it while it
+    is frozen; it is thawed while its successor's own request is in flight and while the
+    database is busy, so no renewal can answer it. The thawed attempt holds the answer to
+    its GET and its step's next call is a DELETE: it must send nothing and write nothing
+    (the service's ledger and the journal say so)."""
+    token = durable.FENCING_HEADER.lower()
+    answer_frozen, answer_successor = anyio.Event(), anyio.Event()
+    async with loopback_server() as server, durable.Client.connect(db_url) as client:
+        server.on("/read", Rule(answer_after=answer_frozen, times=1))
+        server.on("/read", Rule(answer_after=answer_successor, times=1))
+        await client.start("live.relay", server.url, id="f1")
+        db = db_url.removeprefix("sqlite:///")
+        log = Path(db).with_suffix(".worker.log")
+        with worker_process(db_url, anyio_backend, "--lease", "2") as proc:
+            await server.wait_for(lambda: len(server.seen("/read")) == 1, timeout=20)
+            before = await held_by_process(client, "f1")
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                async with running_worker(client, durable.default_registry, lease=2.0,
+                                          liveness_interval=0.02):
+                    # taken over once the lease lapsed (the frozen worker's lock is held)
+                    await server.wait_for(lambda: len(server.seen("/read")) == 2, timeout=30)
+                    first, second = server.seen("/read")
+                    assert (first.headers[token], second.headers[token]) == (
+                        str(before.epoch), str(before.epoch + 1))
+                    answer_frozen.set()  # the answer lands in the frozen worker's socket
+                    await server.wait_for(lambda: first.answered_at is not None)
+                    # the database busy at the thaw (its write lock held, as by another
+                    # worker frozen in a transaction): no renewal can tell the thawed
+                    # worker that its lease is gone; its own deadline must
+                    with closing(sqlite3.connect(db, timeout=10, isolation_level=None)) as busy:
+                        busy.execute("BEGIN IMMEDIATE")
+                        os.kill(proc.pid, signal.SIGCONT)
+                        await poll(lambda: "attempt_abandoned" in log.read_text()
+                                   or server.seen("/thing"), timeout=20)
+                        busy.execute("ROLLBACK")
+                    answer_successor.set()
+                    done = await client.wait("f1", timeout=20)
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+        journal = await client.journal("f1")
+    assert done.state is RunState.COMPLETED and done.epoch == before.epoch + 1
+    # nothing of the frozen attempt reached the service after its first request
+    assert [(r.method, r.headers[token]) for r in server.seen()] == [
+        ("GET", str(before.epoch)), ("GET", str(done.epoch)), ("DELETE", str(done.epoch))]
+    claimed = [e.seq for e in journal if e.kind.value == "run_claimed"][-1]
+    assert all(e.epoch == done.epoch for e in journal if e.seq > claimed)
+    [recovered] = [e for e in journal if e.kind.value == "run_recovered"]
+    assert "worker_died" not in recovered.data  # taken over by the lease: the lock was held
 
 
 @pytest.mark.parametrize("how", ["exec", "fork"])
