@@ -8,7 +8,9 @@ Starts the fake services on loopback (``scripts/_fakes``), seeds slots, and runs
 ``--workers`` worker processes (``python -m durable.worker --import workflows``) on one
 database while a scheduler, driven by one seeded random generator, starts ``--runs`` runs
 (slot.reset, slot.teardown and audio.batch, several on each concurrency key) and meanwhile:
-SIGKILLs workers and starts new ones, SIGSTOPs one past its lease and SIGCONTs it, sends
+SIGKILLs workers and starts new ones, SIGSTOPs one past its lease and SIGCONTs it (on
+SQLite every second one into a busy database: the script holds the write lock across the
+SIGCONT, so no renewal can tell the thawed worker its lease is gone), sends
 SIGTERM (graceful shutdown), injects service faults (5xx, dropped connections before or
 after the service did the work, hangs), and races operator cancels (also right after a
 SIGTERM of the worker holding the run) and replays; with ``--disk-full`` (root, to mount
@@ -66,6 +68,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -163,6 +166,11 @@ FROZEN_SLACK = 0.5
 """Seconds a freeze must outlast the lease for the frozen worker's runs to count as lost
 (the lease runs from the last renewal before the freeze: at most the lease)."""
 
+BUSY_THAW = 0.3
+"""Seconds the script holds SQLite's write lock from just before it continues a frozen
+worker (every second freeze on SQLite): the thawed worker's renewal waits for the lock, so
+only its own local deadline can stop what its attempts send meanwhile."""
+
 
 @dataclass
 class Freeze:
@@ -170,6 +178,10 @@ class Freeze:
     stopped_at: float
     continue_at: float
     continued_at: float | None = None
+    busy: bool = False
+    """SQLite: continue it into a busy database (``BUSY_THAW``)."""
+    busy_held: bool = False
+    """Whether the write lock was taken for its SIGCONT (it may be held by a worker)."""
 
 
 @dataclass
@@ -236,6 +248,9 @@ class Torture:
     """The operator's pauses of a workflow, one at a time (the last may still hold)."""
     timeouts: dict[str, float] = field(default_factory=dict)
     """Nap run -> the workflow timeout it is started with (``start(timeout=)``)."""
+    busy_hold: tuple[sqlite3.Connection, float] | None = None
+    """SQLite: the connection holding the write lock across a SIGCONT, and when it lets go
+    (monotonic)."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -392,7 +407,10 @@ class Torture:
                 os.killpg(proc.pid, signal.SIGSTOP)
             now = time.time()
             # past the lease, the renewal period and the sweep: its runs are surely lost
-            self.freezes.append(Freeze(proc.pid, now, now + 1.5 * self.lease + 1.5))
+            # every second freeze on SQLite is continued into a busy database (no draw from
+            # the generator: every earlier seed's schedule of actions stays as it was)
+            busy = self.backend == "sqlite" and len(self.freezes) % 2 == 1
+            self.freezes.append(Freeze(proc.pid, now, now + 1.5 * self.lease + 1.5, busy=busy))
             self.counts["SIGSTOP/SIGCONT"] += 1
         elif action == "fault":
             self.inject_fault()
@@ -619,10 +637,15 @@ class Torture:
             await anyio.sleep(0.05)
 
     def tend(self) -> None:
-        """Continue frozen workers when their time is up; wake hung requests."""
+        """Continue frozen workers when their time is up (a ``busy`` one with SQLite's write
+        lock held, ``BUSY_THAW``); wake hung requests."""
         now = time.time()
+        if self.busy_hold is not None and time.monotonic() >= self.busy_hold[1]:
+            self.let_go()
         for f in self.freezes:
             if f.continued_at is None and now >= f.continue_at:
+                if f.busy and self.busy_hold is None:
+                    f.busy_held = self.hold_write_lock()
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(f.pid, signal.SIGCONT)
                 f.continued_at = time.time()
@@ -633,12 +656,35 @@ class Torture:
             self.services.release()
             self.hang_release_at = [t for t in self.hang_release_at if t > time.monotonic()]
 
+    def hold_write_lock(self) -> bool:
+        """Take SQLite's write lock for ``BUSY_THAW`` s, if it is free now (a worker may
+        hold it, the frozen one among them: then nothing is held)."""
+        conn = sqlite3.connect(sqlite_file(self.tmp, self.disk), timeout=0,
+                               isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error:
+            conn.close()
+            self.counts["busy thaws (lock taken elsewhere)"] += 1
+            return False
+        self.busy_hold = (conn, time.monotonic() + BUSY_THAW)
+        self.counts["busy thaws"] += 1
+        return True
+
+    def let_go(self) -> None:
+        if self.busy_hold is not None:
+            conn, self.busy_hold = self.busy_hold[0], None
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            conn.close()
+
     def calm(self) -> None:
         """End the chaos: no faults, nothing hung, nothing frozen, ``--workers`` alive."""
         self.services.clear_faults()
         self.services.release()
         self.hang_release_at.clear()
         self.free_disk()
+        self.let_go()
         for f in self.freezes:
             if f.continued_at is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -973,8 +1019,10 @@ def check_frozen(journals: dict[str, list[Any]], ledger: list[dict[str, Any]],
                                    f"{f.continued_at - f.stopped_at:.3f} s; the request "
                                    f"{late[0]['arrived_at'] - f.continued_at:.3f} s after it)")
     cut = f" ({short} cut short by the end of the chaos, not judged)" if short else ""
+    busy = sum(f.busy_held for f in freezes)
+    into = f", {busy} continued into a busy database" if busy else ""
     return ("a frozen-then-continued worker sent nothing for a run it lost", not bad,
-            "; ".join(bad) or f"{len(freezes)} freezes{cut}, {attempts} attempts held")
+            "; ".join(bad) or f"{len(freezes)} freezes{cut}{into}, {attempts} attempts held")
 
 
 def check_billing(ledger: list[dict[str, Any]]) -> Check:
