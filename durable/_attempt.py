@@ -51,7 +51,7 @@ from ._interceptors import (
 )
 from ._lease import LEASE_SAFETY as LEASE_SAFETY
 from ._lease import Lease, is_lazily_bounded
-from ._logging import Logger, get_logger, redact
+from ._logging import Logger, get_logger, redact, storable
 from ._pool import (
     FENCE_EXTENSION,
     LOG_EXTENSION,
@@ -712,7 +712,7 @@ class Attempt:
                 exc: BaseException = value
                 message = describe(exc) if not isinstance(
                     exc, ActivityError | StepInDoubtError | NonDeterminismError
-                ) else redact(str(exc))
+                ) else storable(redact(str(exc)))
                 data: dict[str, JSON] = {"error": message, "error_type": type(exc).__name__}
                 if isinstance(exc, ActivityError | StepInDoubtError):
                     data["step"] = exc.step

@@ -81,6 +81,17 @@ def redact(text: str) -> str:
     return text
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` with the characters no store can hold replaced by U+FFFD: a NUL (PostgreSQL's
+    text refuses it) and a lone surrogate (not UTF-8: Python's way of carrying bytes that are
+    not, from a file name or a process's output decoded with ``surrogateescape``). An error
+    quoting a service's binary answer would otherwise fail the write that ends its run."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
 def redact_json(value: Any) -> Any:
     """A JSON value with every string in it redacted (keys kept): for summaries and
     results that are journaled or shown."""

@@ -43,7 +43,7 @@ from ._errors import (
 )
 from ._history import History, StepView, tries
 from ._interceptors import StepInfo, around, tell
-from ._logging import redact
+from ._logging import redact, storable
 from ._registry import NOT_DONE
 from ._types import JSON, EntryKind, JournalWrite, StepState, check_step_key, dumps, loads
 
@@ -100,6 +100,8 @@ def unwrapped(exc: BaseException) -> BaseException:
 
 
 def describe(exc: BaseException) -> str:
+    """An error as its run's journal, row and log lines give it: the type and text, redacted
+    of credentials and :func:`storable`."""
     if isinstance(exc, BaseExceptionGroup):  # several errors: each named, not the group
         found = leaves(exc)
         named = "; ".join(describe(leaf) for leaf in found[:GROUP_SHOWN])
@@ -109,7 +111,7 @@ def describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if isinstance(exc, TimeoutError) and not str(exc):
         text = "timed out"
-    return redact(f"{type(exc).__name__}: {text}" if str(exc) else text)
+    return storable(redact(f"{type(exc).__name__}: {text}" if str(exc) else text))
 
 
 class UnknownResult:
