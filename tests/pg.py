@@ -1,6 +1,7 @@
 """The PostgreSQL server for tests: a schema of its own per test, dropped at teardown.
 
-Import the fixtures into a test module (``from tests.pg import pg_url, postgres_server``).
+Import the fixtures into a test module (``from tests.pg import pg_url, postgres_server``;
+``both``: a client on SQLite and on PostgreSQL).
 They use the machine's server at ``PG_URL`` (trust auth, database ``test``); without one the
 tests skip with the reason, unless ``DURABLE_REQUIRE_POSTGRES`` is set (CI), where an
 unreachable server fails them.
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+
+import durable
 
 try:
     import psycopg
@@ -47,6 +50,15 @@ def pg_url(postgres_server: str) -> Iterator[str]:
     yield f"{postgres_server}?schema={schema}"
     with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def both(request: pytest.FixtureRequest, db_url: str, registry: durable.Registry,
+               anyio_backend: str) -> AsyncIterator[durable.Client]:
+    """A client on SQLite (asyncio and trio) and on PostgreSQL (both loops)."""
+    url = str(request.getfixturevalue("pg_url")) if request.param == "postgres" else db_url
+    async with durable.Client.connect(url, registry=registry) as c:
+        yield c
 
 
 def split_url(url: str) -> tuple[str, str]:

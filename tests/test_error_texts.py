@@ -4,7 +4,6 @@ ends the run, on both stores: it is journaled and logged with those characters r
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -12,7 +11,7 @@ import durable
 import durable.testing
 
 from .helpers import running_worker
-from .pg import pg_url, postgres_server  # noqa: F401  (fixtures)
+from .pg import both, pg_url, postgres_server  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.anyio
 
@@ -21,16 +20,8 @@ pytestmark = pytest.mark.anyio
 ANSWER = b"bin\x00ary \xff\xfe answer".decode("utf-8", "surrogateescape")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def both(request: pytest.FixtureRequest, db_url: str, registry: durable.Registry,
-               anyio_backend: str) -> AsyncIterator[durable.Client]:
-    url = str(request.getfixturevalue("pg_url")) if request.param == "postgres" else db_url
-    async with durable.Client.connect(url, registry=registry) as c:
-        yield c
-
-
 async def test_an_error_text_with_a_nul_and_bytes_not_utf8_fails_the_run(
-        both: durable.Client, registry: durable.Registry) -> None:
+        both: durable.Client, registry: durable.Registry) -> None:  # noqa: F811
     @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
     async def call(ctx: durable.ActivityContext) -> None:
         raise RuntimeError(f"the service answered {ANSWER}")
