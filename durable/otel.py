@@ -173,7 +173,8 @@ class TracingInterceptor(Interceptor):
                 response = await call_next(request)
             except BaseException as exc:
                 span.set_attribute("error.type", type(exc).__name__)
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                if _step_outcome(exc) != "cancelled":  # a cancel is no failure of the request
+                    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 raise
             span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code >= 400:

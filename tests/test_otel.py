@@ -184,3 +184,35 @@ def test_durable_imports_without_opentelemetry_and_the_module_names_the_extra() 
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "durable-fenced[otel]" in out.stdout and out.stdout.count("\n") == 1
+
+
+async def test_a_cancel_mid_request_ends_every_span_none_of_them_an_error(
+        client: durable.Client, registry: durable.Registry, provider: TracerProvider,
+        exporter: InMemorySpanExporter) -> None:
+    """An operator's cancel while the step's request waits at the service: the attempt, the
+    step and the request spans end, cancelled, none with status ERROR (nothing failed)."""
+    tracing = TracingInterceptor(provider)
+    async with loopback_server() as server:
+        server.on("/hang", Rule(hang=True))
+
+        @durable.activity(registry=registry, retry=durable.RetryPolicy(max_tries=1))
+        async def wait_on_service(ctx: durable.ActivityContext) -> None:
+            await ctx.http.get(f"{server.url}/hang")
+
+        @durable.workflow("cancelled.mid.request", registry=registry)
+        async def cancelled_mid_request(ctx: durable.WorkflowContext) -> None:
+            await wait_on_service(ctx)
+
+        async with running_worker(client, registry, interceptors=[tracing]):
+            await client.start("cancelled.mid.request", id="c")
+            await server.wait_for(lambda: server.seen("/hang"))
+            await client.cancel("c")
+            assert (await client.wait("c", timeout=10)).state is durable.RunState.CANCELLED
+    spans = exporter.get_finished_spans()
+    [attempt] = _named(spans, "durable.attempt cancelled.mid.request")
+    [step] = _named(spans, f"durable.step {wait_on_service.name}")
+    [request] = _named(spans, "HTTP GET")
+    assert attempt.attributes is not None and step.attributes is not None
+    assert attempt.attributes["durable.outcome"] == "cancelled"
+    assert step.attributes["durable.outcome"] == "cancelled"
+    assert [s.status.status_code for s in (attempt, step, request)] == [StatusCode.UNSET] * 3
