@@ -374,26 +374,34 @@ class _CliHandler(logging.StreamHandler[IO[str]]):
     """The handler :func:`configure_logging` installs (and replaces when called again)."""
 
 
-DRIVERS = ("psycopg",)
-"""Loggers of the drivers the stores use (``psycopg.pool`` is under ``psycopg``): left
-alone, their warnings reach stderr through ``logging``'s last resort as plain text of
+FOREIGN = {"psycopg": "driver_message", "asyncio": "python_message",
+           "py.warnings": "python_message"}
+"""Other loggers whose records reach the command line's stderr, and the event each is
+rendered as. The drivers the stores use (``psycopg``; ``psycopg.pool`` is under it): left
+alone, their warnings reached stderr through ``logging``'s last resort as plain text of
 several lines (a PostgreSQL outage: ``error connecting in 'durable:...'`` a few times a
-second), between the command line's JSON lines."""
+second), between the command line's JSON lines. Python's own: asyncio's (``Task exception
+was never retrieved``, with the task's error and traceback, when an activity leaves a task
+that failed) and the warnings of :func:`warnings.warn` (captured into logging by
+:func:`configure_logging`): plain text too, and not redacted (an error quoting a token went
+to stderr as it was)."""
 
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
 
 
 class _DriverHandler(logging.Handler):
-    """A driver's records as the command line's own (:data:`DRIVERS`): the structured
-    event ``driver_message`` with the ``logger`` and its ``message`` on one line, redacted
+    """Another logger's records as the command line's own (:data:`FOREIGN`): the structured
+    ``event`` (``driver_message``) with the ``logger`` and its ``message`` on one line, redacted
     by the handler it hands them to; the same message again (object addresses aside) is
     shown once per ``every`` seconds at most, with how many were not shown meanwhile
     (``unlogged``)."""
 
-    def __init__(self, target: logging.Handler, *, every: float = REPEAT_EVERY,
+    def __init__(self, target: logging.Handler, *, event: str = "driver_message",
+                 every: float = REPEAT_EVERY,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self._target = target
+        self._event = event
         self._every = every
         self._clock = clock
         self._seen: dict[tuple[str, str], list[float]] = {}  # -> [last shown, unshown]
@@ -418,8 +426,8 @@ class _DriverHandler(logging.Handler):
             out = logging.makeLogRecord({
                 "name": record.name, "levelno": record.levelno,
                 "levelname": record.levelname, "created": record.created,
-                "msg": render_message("driver_message", fields), "args": None,
-                "event": "driver_message", "fields": fields})
+                "msg": render_message(self._event, fields), "args": None,
+                "event": self._event, "fields": fields})
             if record.exc_info and record.exc_info[0] is not None:
                 out.exc_text = _redacted_traceback(record.exc_info)
             self._target.handle(out)
@@ -430,8 +438,10 @@ class _DriverHandler(logging.Handler):
 def configure_logging(*, json: bool = False, level: str = "info",
                       stream: IO[str] | None = None) -> logging.Handler:
     """Render durable's logs on ``stream`` (stderr): console (coloured on a terminal) or JSON
-    lines, from ``level`` up. The warnings of the drivers the stores use (:data:`DRIVERS`)
-    are rendered the same way, as ``driver_message``, a repeated one once a minute at most.
+    lines, from ``level`` up. The warnings of the drivers the stores use (:data:`FOREIGN`)
+    are rendered the same way, as ``driver_message``, a repeated one once a minute at most;
+    so are Python's own (asyncio's errors, and warnings, which it captures into logging), as
+    ``python_message``.
     Replaces the handlers of an earlier call, leaves every other handler alone, and sets no
     level outside the ``durable`` logger. Returns the handler.
     """
@@ -447,10 +457,11 @@ def configure_logging(*, json: bool = False, level: str = "info",
         old.close()
     logger.addHandler(handler)
     logger.setLevel(number)
-    for name in DRIVERS:
-        driver = logging.getLogger(name)
-        for gone in [h for h in driver.handlers if isinstance(h, _DriverHandler)]:
-            driver.removeHandler(gone)
+    logging.captureWarnings(True)  # warnings.warn: a record of py.warnings, not a print
+    for name, event in FOREIGN.items():
+        foreign = logging.getLogger(name)
+        for gone in [h for h in foreign.handlers if isinstance(h, _DriverHandler)]:
+            foreign.removeHandler(gone)
             gone.close()
-        driver.addHandler(_DriverHandler(handler))
+        foreign.addHandler(_DriverHandler(handler, event=event))
     return handler

@@ -11,6 +11,7 @@ import anyio
 
 import durable
 import durable.testing
+from durable._logging import FOREIGN
 from durable.interceptors import LOOPS
 
 from .helpers import poll, running_worker
@@ -45,14 +46,11 @@ def _literals(node: ast.expr) -> list[str]:
 
 def logged() -> set[str]:
     """The events the code logs: the literal event of each logging call, the events named to
-    the helpers that log them, each loop's failure and recovery."""
+    the helpers that log them, each loop's failure and recovery, other loggers' records."""
     names = {f"{loop}_{end}" for loop in LOOPS for end in ("failed", "recovered")}
+    names.update(FOREIGN.values())  # other loggers' records, as the command line renders them
     for path in sorted((ROOT / "durable").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Dict):  # a record made by hand: {"event": ...}
-                for key, value in zip(node.keys, node.values, strict=True):
-                    if key is not None and _literals(key) == ["event"]:
-                        names.update(_literals(value))
             if not isinstance(node, ast.Call) or not node.args:
                 continue
             func = node.func
