@@ -14,6 +14,15 @@ def tries(count: int) -> str:
     return "1 try" if count == 1 else f"{count} tries"
 
 
+def idempotency_key(run_id: str, step_key: str, reruns: int) -> str:
+    """The ``Idempotency-Key`` a step's tries send: ``<run id>/<step key>``, then ``~n``
+    once a replay has asked the completed step to run again for the n-th time (the service
+    must not take the new call for a retry of the old one). The one derivation: the worker
+    sends it, and what an operator is told to look for (:func:`durable._report.sent_request`)
+    is it."""
+    return f"{run_id}/{step_key}" + (f"~{reruns}" if reruns else "")
+
+
 @attrs.define
 class StepView:
     """What the journal says of one step."""

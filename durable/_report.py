@@ -30,8 +30,9 @@ import attrs
 
 from ._approval import ApprovalView, approval_view, origin_text
 from ._commands import command as durable_command
+from ._context import fencing_scope
 from ._errors import ConfigError
-from ._history import History, StepView, tries
+from ._history import History, StepView, idempotency_key, tries
 from ._types import (
     JSON,
     NEVER,
@@ -87,6 +88,44 @@ class StepLine:
     outcome."""
     advice: str | None = None
     """A step in doubt: what to do about it (:func:`doubt_advice`)."""
+    request: SentRequest | None = None
+    """A step in doubt: the request its try sent, to look for at the service
+    (:func:`sent_request`)."""
+
+    def doubt_text(self) -> str:
+        """A step in doubt as ``show``'s next steps and the plain-text report say it."""
+        where = (f" (its request at the service: {self.request.phrase()})" if self.request
+                 else "")
+        return f"step {self.number} {self.activity}: {self.advice}{where}"
+
+
+@attrs.frozen
+class SentRequest:
+    """The request a step's try sent, as the target service knows it: its headers'
+    values (``Idempotency-Key``, ``Durable-Fencing-Token``, ``Durable-Fencing-Scope``)."""
+
+    key: str
+    token: int
+    scope: str
+
+    def phrase(self) -> str:
+        return f"idempotency key {self.key}, fencing token {self.token}, scope {self.scope}"
+
+
+def sent_request(run: Run, entries: Sequence[JournalEntry], number: int) -> SentRequest | None:
+    """The request step ``number``'s last started try sent (None: no try started), derived
+    from the journal as the worker derived it: the key from the step's reruns as folded up
+    to that try's start (a replay that re-ran the completed step changed it), the token
+    from the epoch that journaled the start (not the one that noticed the doubt)."""
+    last = max((i for i, e in enumerate(entries)
+                if e.step == number and e.kind is EntryKind.STEP_STARTED), default=None)
+    if last is None:
+        return None
+    started = entries[last]
+    assert started.step_key is not None
+    step = History.fold(entries[:last + 1]).steps[started.step_key]
+    return SentRequest(idempotency_key(run.id, step.key, step.reruns), started.epoch,
+                       fencing_scope(run.id, run.key))
 
 
 def doubt_advice(run: Run, entries: Sequence[JournalEntry], number: int) -> str:
@@ -165,10 +204,12 @@ class RecoveryReport:
         current = _current_epoch(run)
 
         def line(step: StepView, state: str) -> StepLine:
-            advice = doubt_advice(run, entries, step.number) if state == "in_doubt" else None
+            doubt = state == "in_doubt"
             return StepLine(step.number, step.key, step.name, state, step.tries,
                             step.summary, step.error, step_link(run.id, step.number, console_url),
-                            accepted=step.accepted, advice=advice)
+                            accepted=step.accepted,
+                            advice=doubt_advice(run, entries, step.number) if doubt else None,
+                            request=sent_request(run, entries, step.number) if doubt else None)
 
         failed, completed, doubt, not_done = [], [], [], []
         for step in history.ordered():
@@ -213,7 +254,7 @@ class RecoveryReport:
         if self.in_doubt:
             out.append("In doubt (started, outcome unknown):")
             for s in self.in_doubt:
-                out.append(f"  step {s.number} {s.activity}: {s.advice}  -> {s.link}")
+                out.append(f"  {s.doubt_text()}  -> {s.link}")
         out.append(f"Journal: {self.run_link}")
         return "\n".join(out)
 
@@ -720,8 +761,7 @@ class _View:
             links.append(s.number)
         finished = run.state in (RunState.FAILED, RunState.CANCELLED)
         for s in report.in_doubt:  # the advice wrapped to the width, never cut
-            first, *more = textwrap.wrap(f"step {s.number} {s.activity}: {s.advice}",
-                                         max(self.width - 12, 20))
+            first, *more = textwrap.wrap(s.doubt_text(), max(self.width - 12, 20))
             self.add(("  in doubt: ", "in_doubt"), (first, None))
             for line in more:
                 self.add((" " * 12, None), (line, None))

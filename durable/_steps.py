@@ -41,7 +41,7 @@ from ._errors import (
     SignalTimeout,
     StepInDoubtError,
 )
-from ._history import History, StepView, tries
+from ._history import History, StepView, idempotency_key, tries
 from ._interceptors import StepInfo, around, tell
 from ._logging import redact, storable
 from ._registry import NOT_DONE
@@ -573,9 +573,10 @@ class Steps:
 
     # -- activities ----------------------------------------------------------------------------
     def _context(self, view: StepView, try_number: int) -> ActivityContext:
-        idem = f"{self.run_id}/{view.key}" + (f"~{view.reruns}" if view.reruns else "")
         return ActivityContext(self.attempt, step=view.number, step_key=view.key,
-                               try_number=try_number, idempotency_key=idem)
+                               try_number=try_number,
+                               idempotency_key=idempotency_key(self.run_id, view.key,
+                                                               view.reruns))
 
     def _failure(self, view: StepView, act: AnyActivity, count: int, message: str,
                  error_type: str) -> ActivityError:

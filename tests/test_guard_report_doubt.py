@@ -72,8 +72,9 @@ def _assert_step_two_in_doubt(run: durable.Run, journal: list[durable.JournalEnt
     assert report.not_done == ()
     text = report.text()
     assert "In doubt (started, outcome unknown" in text
-    assert (f"  step 2 g.charge: {report.in_doubt[0].advice}  -> python -m durable show "
-            f"{run.id} --step 2") in text
+    assert (f"  step 2 g.charge: {report.in_doubt[0].advice} (its request at the service: "
+            f"idempotency key {run.id}/2, fencing token 1, scope run:{run.id})  -> "
+            f"python -m durable show {run.id} --step 2") in text
     assert (f"  step 1 g.lookup - found the account  -> python -m durable show {run.id} "
             "--step 1") in text
     assert text.endswith(f"Journal: python -m durable show {run.id}")

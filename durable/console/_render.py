@@ -28,6 +28,7 @@ from .._report import (
     STEP_OF_THE_DEAD,
     GoneHolder,
     RecoveryReport,
+    StepLine,
     _current_epoch,
     duration,
     event_phrase,
@@ -448,9 +449,9 @@ def steps_block(d: RunDetail) -> str:
         if "event" not in row and isinstance(row["step"], int):
             rows.setdefault(row["step"], []).append(row)
     gone = d.gone is not None and d.run.state is RunState.RUNNING
-    advice = {s.number: s.advice for s in d.report.in_doubt}
+    doubts = {s.number: s for s in d.report.in_doubt}
     items = [step_item(step, current, d.run, rows.get(step.number, []),
-                       advice.get(step.number), gone=gone) for step in history.ordered()]
+                       doubts.get(step.number), gone=gone) for step in history.ordered()]
     if not items:
         return ('<section class="steps"><h2>Steps</h2><p class="empty">No steps yet.</p>'
                 "</section>")
@@ -476,12 +477,13 @@ def _step_state(step: StepView, current: int, row: Mapping[str, JSON] | None = N
 
 
 def step_item(step: StepView, current: int, run: Run,
-              rows: Sequence[Mapping[str, JSON]] = (), advice: str | None = None, *,
+              rows: Sequence[Mapping[str, JSON]] = (), doubt: StepLine | None = None, *,
               gone: bool = False) -> str:
     """A step and its tries, each try as a row of ``show``'s timeline says it (its state,
-    epoch, start, duration and summary, error or note); in doubt, what to check (under the
-    epoch its try started with, which a later attempt's notice of it does not change) and
-    ``advice``, the recovery report's (:func:`doubt_advice`). ``gone``: the running run's
+    epoch, start, duration and summary, error or note); in doubt, ``doubt``, the recovery
+    report's line: what to check (the request its try sent, :func:`sent_request`: the key,
+    the token of the epoch it started under, the scope) and what to do (:func:`doubt_advice`).
+    ``gone``: the running run's
     worker died for sure, so a step in flight is said to have lost it (not "in flight")."""
     row = rows[-1] if rows else None
     state = _step_state(step, current, row)
@@ -510,15 +512,14 @@ def step_item(step: StepView, current: int, run: Run,
         lines.append(f'<div class="summary">{text(row["summary"])}{text(note)}</div>')
     if step.error and state != "completed":
         lines.append(f'<pre class="error">{text(step.error)}</pre>')
-    if state == "in_doubt":
-        epoch = next((r["epoch"] for r in reversed(rows) if r["state"] == "in_doubt"),
-                     step.epoch)
+    if state == "in_doubt" and doubt is not None and doubt.request is not None:
+        sent = doubt.request
         lines.append(
             '<div class="doubt-help"><b>In doubt</b>: this step started under epoch '
-            f"{epoch} and its attempt ended with no outcome recorded, so the request may "
+            f"{sent.token} and its attempt ended with no outcome recorded, so the request may "
             "or may not have taken effect: the target service knows it by its idempotency "
-            f"key <code>{text(run.id)}/{text(step.key)}</code> (fencing token {epoch}, scope "
-            f"<code>{text(run.fencing_scope)}</code>); {text(advice)}.</div>")
+            f"key <code>{text(sent.key)}</code> (fencing token {sent.token}, scope "
+            f"<code>{text(sent.scope)}</code>); {text(doubt.advice)}.</div>")
     tries_rows = []
     for r in rows:
         at = r["start"] or r.get("noticed_at") or r["end"]
