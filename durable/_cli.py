@@ -34,6 +34,7 @@ from ._report import (
     _isatty,
     cancel_phrase,
     clip,
+    escaped_line,
     list_note,
     one_line,
     parse_time,
@@ -221,8 +222,8 @@ async def _cmd_list(args: argparse.Namespace) -> int:
         note = list_note(r, now, gone.get(r.id))
         if r.state is RunState.QUEUED and r.workflow in held:
             note = f"paused ({command('resume', r.workflow)}){'; ' + note if note else ''}"
-        print(f"{r.id:<36} {r.workflow:<20} {(r.key or '-'):<16} {r.state.value:<10} "
-              f"{r.attempt:>7}  {clip(one_line(note), 60)}")
+        print(escaped_line(f"{r.id:<36} {r.workflow:<20} {(r.key or '-'):<16} "
+                           f"{r.state.value:<10} {r.attempt:>7}  {clip(one_line(note), 60)}"))
     return 0
 
 

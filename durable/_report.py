@@ -21,7 +21,6 @@ import re
 import shutil
 import sys
 import textwrap
-import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 from urllib.parse import quote
@@ -263,8 +262,11 @@ def _short(value: JSON) -> str:
     return value if isinstance(value, str) else shown_json(value, separators=(",", ":"))
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # Unicode's Cc: C0, DEL and C1
-_CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # less tab and newline
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+"""Unicode's bidirectional controls: shown raw, they reorder the text around them on screen
+(a service's "deleted nothing" whose bytes say otherwise: "Trojan Source")."""
+_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")  # Unicode's Cc (C0, DEL, C1), bidi
+_CONTROL_IN_TEXT = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")  # less tab, newline
 
 
 def _escaped(found: re.Match[str]) -> str:
@@ -273,16 +275,24 @@ def _escaped(found: re.Match[str]) -> str:
 
 def shown_json(value: Any, **options: Any) -> str:
     """A JSON value as text for people (``show``, not ``--json``): non-ASCII as itself
-    (``café``, not ``caf\\u00e9``), every control character escaped as JSON escapes it
-    (JSON's own escaping leaves DEL and the C1 controls, a CSI among them, raw without
-    ``ensure_ascii``), so the text is still JSON and nothing reaches a terminal raw."""
+    (``café``, not ``caf\\u00e9``), every control character and bidirectional control
+    escaped as JSON escapes it (JSON's own escaping leaves DEL, the C1 controls, a CSI among
+    them, and the bidi controls raw without ``ensure_ascii``), so the text is still JSON and
+    nothing reaches a terminal raw."""
     return _CONTROL.sub(_escaped, json.dumps(value, ensure_ascii=False, **options))
 
 
 def visible(text: str) -> str:
-    """A text shown in full (``show --step``'s errors and notes) with its control
-    characters but tab and newline escaped (``\\u001b``), never sent to the terminal."""
+    """The one rule for text shown to people (``show``, ``list``, the console's pages):
+    control characters (C0 but tab and newline, DEL, C1) and Unicode's bidirectional
+    controls escaped visibly (``\\u001b``, ``\\u202e``), never sent raw to a terminal or a
+    page. ``--json`` and the console's API are JSON, escaped by the JSON encoder instead."""
     return _CONTROL_IN_TEXT.sub(_escaped, text)
+
+
+def escaped_line(text: str) -> str:
+    """:func:`visible` for a piece of one line: tab and newline escaped too."""
+    return _CONTROL.sub(_escaped, text)
 
 
 # -- text helpers --------------------------------------------------------------------------------
@@ -290,10 +300,10 @@ _SPACE = re.compile(r"\s+")
 
 
 def one_line(text: str) -> str:
-    """``text`` on one line: runs of whitespace (newlines too) become one space, and control
-    characters (a terminal escape in a server's message) are dropped."""
-    text = _SPACE.sub(" ", text).strip()
-    return "".join(c for c in text if unicodedata.category(c) != "Cc")
+    """``text`` on one line: runs of whitespace (newlines too) become one space, and the
+    characters :func:`visible` escapes (a terminal escape in a server's message, a bidi
+    control) are escaped, never dropped (a reader sees that they were there)."""
+    return escaped_line(_SPACE.sub(" ", text).strip())
 
 
 def clip(text: str, width: int) -> str:
@@ -398,6 +408,7 @@ def _fit(segments: Sequence[Segment], width: int, color: bool) -> str:
     kept: list[Segment] = []
     used = 0
     for text, style in segments:
+        text = escaped_line(text)  # whatever a segment holds, nothing reaches the terminal raw
         room = width - used
         if room <= 0:
             break
@@ -786,7 +797,8 @@ class _View:
             self.add((f"run {run.id} has no step {number}", None))
             return
         first = mine[0]
-        self.lines.append(f"step {number}  {first['activity']}  (key {first['key']})")
+        self.lines.append(escaped_line(f"step {number}  {first['activity']}  "
+                                       f"(key {first['key']})"))
         args = {e.try_number: e.data.get("args") for e in entries
                 if e.step == number and e.kind is EntryKind.STEP_STARTED}
         results = {e.try_number: e.data.get("result") for e in entries

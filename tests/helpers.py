@@ -155,3 +155,14 @@ def tcp_queues(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, in
                 tx, rx = fields[4].split(":")
                 return int(tx, 16), int(rx, 16)
     return None
+
+
+def durable_output(db_url: str, *args: str) -> str:
+    """``python -m durable ARGS --db DB_URL``'s output, piped (so plain, 100 columns wide);
+    it must exit 0."""
+    env = subprocess_env()
+    env.pop("COLUMNS", None)
+    proc = subprocess.run([sys.executable, "-m", "durable", *args, "--db", db_url], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout

@@ -6,7 +6,6 @@ loopback server received it, in ``show`` (a subprocess), the recovery report and
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import anyio
@@ -16,22 +15,11 @@ import durable
 from durable import RunState
 from durable._report import RecoveryReport
 
-from .conftest import ROOT, subprocess_env
-from .helpers import running_worker
+from .helpers import durable_output, running_worker
 from .httpserver import Rule, loopback_server
 from .test_console_http import console
 
 pytestmark = pytest.mark.anyio
-
-
-def _show(db_url: str, run_id: str) -> str:
-    env = subprocess_env()
-    env["COLUMNS"] = "400"
-    proc = __import__("subprocess").run(
-        [sys.executable, "-m", "durable", "show", run_id, "--db", db_url], cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 async def test_a_rerun_step_in_doubt_names_the_key_its_try_sent(tmp_path: Path) -> None:
@@ -73,7 +61,7 @@ async def test_a_rerun_step_in_doubt_names_the_key_its_try_sent(tmp_path: Path) 
             assert key == "v-1/1~1" != first.headers["idempotency-key"]
             named = f"idempotency key {key}, fencing token {token}, scope {scope}"
 
-            shown = await anyio.to_thread.run_sync(lambda: _show(db_url, "v-1"))
+            shown = await anyio.to_thread.run_sync(lambda: durable_output(db_url, "show", "v-1"))
             assert named in " ".join(shown.split()), shown
             report = RecoveryReport.build(failed, await client.journal("v-1"))
             assert named in report.text()

@@ -38,6 +38,7 @@ from .._report import (
     run_path,
     timeline_rows,
     utc,
+    visible,
     waiting_phrase,
 )
 from .._retention import PrunedRun
@@ -47,12 +48,14 @@ STATES = [s.value for s in RunState]
 
 
 def text(value: Any) -> str:
-    """Escaped, redacted text of any value (JSON for non-strings)."""
+    """Escaped, redacted text of any value (JSON for non-strings): HTML's escaping, and
+    ``show``'s rule for text shown to people (:func:`visible`: control characters and bidi
+    controls as ``\\u202e``, never raw on a page)."""
     if value is None:
         return ""
     if not isinstance(value, str):
         value = json.dumps(value, separators=(", ", ": "), ensure_ascii=False, default=str)
-    return html.escape(redact(value), quote=True)
+    return html.escape(visible(redact(value)), quote=True)
 
 
 def attr(value: Any) -> str:
