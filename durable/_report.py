@@ -514,6 +514,8 @@ def timeline_rows(run: Run, entries: Sequence[JournalEntry]) -> list[dict[str, J
                 event["attempt"] = e.attempt
             event["detail"] = dict(e.data)
             rows.append(event)
+            if e.kind in _RUN_ENDS:
+                _end_waits(open_tries, _RUN_ENDS[e.kind])
             if e.kind is EntryKind.RUN_REPLAYED:
                 rows.extend(_accepted_rows(e, history, before, open_tries))
             continue
@@ -555,6 +557,19 @@ def timeline_rows(run: Run, entries: Sequence[JournalEntry]) -> list[dict[str, J
             row["state"] = "in_doubt"
             row["note"] = "its attempt ended with no outcome recorded"
     return rows
+
+
+_RUN_ENDS = {EntryKind.RUN_COMPLETED: RunState.COMPLETED, EntryKind.RUN_FAILED: RunState.FAILED,
+             EntryKind.RUN_CANCELLED: RunState.CANCELLED}
+
+
+def _end_waits(open_tries: dict[tuple[str, int], dict[str, JSON]], state: RunState) -> None:
+    """The sleeps and waits still open when the run ended never ended themselves: noted so,
+    and closed, so that a replay's wait of the same step opens a row of its own."""
+    for key, row in list(open_tries.items()):
+        if row["state"] in ("sleeping", "waiting"):
+            row["note"] = f"the run {state.value} meanwhile"
+            del open_tries[key]
 
 
 def _step_row(e: JournalEntry, state: str) -> dict[str, JSON]:
@@ -851,7 +866,7 @@ def row_text(run: Run, row: Mapping[str, JSON], gone: bool = False) -> str:
     state = row["state"]
     if state == "retrying" and row.get("retry_in") is not None:
         parts.append(f"retry in {duration(float(str(row['retry_in'])))}")
-    if state in ("in_doubt", "accepted") and row["note"]:
+    if state in ("in_doubt", "accepted", "sleeping", "waiting") and row["note"]:
         parts.append(str(row["note"]))
     if state == "started" and run.state is RunState.RUNNING:
         parts.append(STEP_OF_THE_DEAD if gone else "in flight")

@@ -299,6 +299,32 @@ async def test_show_says_until_when_a_run_sleeps(
     assert re.search(r"durable\.sleep +completed +1\.0 h", after), after
 
 
+async def test_show_of_a_sleep_the_run_left_says_it_ended_unwoken(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock,
+        tmp_path: Path) -> None:
+    """A sleep cut off by a cancel is not shown sleeping (it never woke: the run ended),
+    and after a replay the cancelled attempt's sleep is not shown sleeping beside the new
+    one (it ended with the cancel; only the replay's sleep, to its own wake time, goes on).
+    Before, show printed "sleeping until <the old wake time>" for both."""
+    declare(registry, tmp_path / "log")
+    async with running_worker(client, registry):
+        await client.start("t.nap", HOUR, id="nap")
+        await released(client, "nap")
+        cancelled = await client.cancel("nap")
+        shown = render_timeline(cancelled, await client.store.journal("nap"), width=200)
+        first_wake = "2023-11-14 23:13:20.000 UTC"  # FakeClock's start + 1 h
+        assert re.search(rf"durable\.sleep +sleeping +the run cancelled meanwhile · until "
+                         rf"{first_wake}", shown), shown
+        clock.advance(60)
+        await client.replay("nap")
+        again = await released(client, "nap", attempt=2)
+        shown = render_timeline(again, await client.store.journal("nap"), width=200)
+    second_wake = "2023-11-14 23:14:20.000 UTC"  # a minute later: the replay's sleep
+    rows = re.findall(r"durable\.sleep +sleeping +(.*)", shown)
+    assert rows == [f"the run cancelled meanwhile · until {first_wake}",
+                    f"until {second_wake}"], shown
+
+
 async def test_cancel_during_a_short_sleep_in_the_attempt_stops_it_at_once(
         client: durable.Client, registry: durable.Registry, tmp_path: Path) -> None:
     log = tmp_path / "log"
