@@ -45,7 +45,16 @@ from ._history import History, StepView, idempotency_key, tries
 from ._interceptors import StepInfo, around, tell
 from ._logging import redact, storable
 from ._registry import NOT_DONE
-from ._types import JSON, EntryKind, JournalWrite, StepState, check_step_key, dumps, loads
+from ._types import (
+    JSON,
+    EntryKind,
+    JournalWrite,
+    Signal,
+    StepState,
+    check_step_key,
+    dumps,
+    loads,
+)
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -63,6 +72,15 @@ WAIT_SLICE = 0.25
 """Seconds between two looks of a wait kept in the attempt (at the store's clock, and for a
 signal): short waits only, or waits while steps are in flight."""
 
+
+def _in_time(signal: Signal | None, until: float | None) -> Signal | None:
+    """The signal, if it was recorded by the wait's deadline (both times on the store's
+    clock): one recorded later did not come in time, whenever the wait looks (an attempt
+    claimed late, with no worker running at the deadline, times the wait out as one on time
+    would have); it stays for a later wait of its name."""
+    if signal is None or until is None or signal.created_at <= until:
+        return signal
+    return None
 
 class Suspended(BaseException):
     """Raised out of the workflow to end the attempt and release the run to wait without a
@@ -541,6 +559,7 @@ class Steps:
             while True:
                 after = self.history.signals_consumed.get(name, 0)
                 seen, signal = await store.next_signal(self.run_id, name, after)
+                signal = _in_time(signal, until)
                 left = None
                 if signal is None and until is not None:
                     left = until - await store.now()
@@ -550,6 +569,7 @@ class Steps:
                         # past it (one committed while the process stood still between the
                         # first look and the clock read would be timed out otherwise)
                         seen, signal = await store.next_signal(self.run_id, name, after)
+                        signal = _in_time(signal, until)
                 if signal is not None:
                     await attempt.write([JournalWrite(
                         EntryKind.SIGNAL_RECEIVED, view.number, view.key, "durable.wait_for",

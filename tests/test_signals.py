@@ -207,6 +207,46 @@ async def test_a_timeout_is_journaled_and_raised_again_on_re_execution(
     assert journal.count("signal_timeout") == 1 and "signal_received" not in journal
 
 
+async def test_a_signal_recorded_after_the_deadline_is_not_received_by_a_late_attempt(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """No worker ran when the wait's deadline passed (all stopped, or all busy): a signal
+    recorded after it, before a worker came back, did not come in time. The attempt that
+    claims the run late times the wait out, as one on time would have (an approval sent
+    after an approval gate's timeout does not approve a plan the run has given up on); the
+    signal stays, for a later wait of that name. Before, the late attempt received it."""
+    ran = declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.timeout", 60.0, id="t")
+        await waiting(client, "t", "never")
+    clock.advance(61)  # past the deadline with no worker running
+    assert await client.signal("t", "never", "too late")
+    async with running_worker(client, registry):
+        await poll(lambda: _sleeping(client, "t"), timeout=15)
+    assert ran == ["timed out"]
+    entries = await client.store.journal("t")
+    journal = kinds(entries)
+    assert journal.count("signal_timeout") == 1 and "signal_received" not in journal
+    assert [s.payload for s in await client.store.list_signals("t")] == ["too late"]
+
+
+async def test_a_signal_recorded_at_the_deadline_is_received_by_a_late_attempt(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """The deadline itself is in time: a signal recorded at the moment the wait's timeout
+    ends is received, by an attempt however late."""
+    ran = declare(registry)
+    async with running_worker(client, registry):
+        await client.start("s.timeout", 60.0, id="t")
+        await waiting(client, "t", "never")
+    clock.advance(60)
+    assert await client.signal("t", "never", "just in time")
+    clock.advance(5)
+    async with running_worker(client, registry):
+        await poll(lambda: _sleeping(client, "t"), timeout=15)
+    assert ran == []
+    journal = kinds(await client.store.journal("t"))
+    assert journal.count("signal_received") == 1 and "signal_timeout" not in journal
+
+
 async def _sleeping(client: durable.Client, run_id: str) -> bool:
     run = await client.store.get_run(run_id)
     return (run is not None and run.state is RunState.QUEUED and run.waiting_for is None
