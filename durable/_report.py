@@ -931,6 +931,12 @@ def list_note(run: Run, now: float, gone: GoneHolder | None = None) -> str:
     return run.error or (f"waiting {waiting}" if waiting else "")
 
 
+def retry_phrase(reason: str) -> str:
+    """A released retry's reason as journaled (``retry of step 2``) as what the run waits
+    to do (``retry step 2``)."""
+    return reason.replace("retry of step", "retry step", 1)
+
+
 def cancel_phrase(run: Run, entries: Sequence[JournalEntry]) -> str:
     """What a cancel did, said of the run as it answered (``run``) and its journal: a
     run cancelled at once was cancelled before it started only if no attempt ever ran;
@@ -946,7 +952,8 @@ def cancel_phrase(run: Run, entries: Sequence[JournalEntry]) -> str:
     if last is not None and last.kind is EntryKind.RUN_WAITING:
         reason, signal = last.data.get("reason"), last.data.get("signal")
         why = ("while it waited for signal " + repr(signal) if reason == "signal"
-               else "while it waited to retry a step" if reason == "retry"
+               else f"while it waited to {retry_phrase(reason)}"
+               if isinstance(reason, str) and reason.startswith("retry")
                else "while it slept")
     history = History.fold(entries)
     done = [s.number for s in history.ordered() if s.state is StepState.COMPLETED]

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import signal
@@ -17,12 +18,13 @@ import pytest
 import durable
 from durable import RunState
 from durable._clock import FakeClock
-from durable._report import render_timeline
+from durable._report import cancel_phrase, render_timeline, utc
 from durable._types import EntryKind
 
 from . import waitflows
 from .helpers import kinds, poll, python_process, running_worker
 from .pg import pg_url, postgres_server
+from .test_console_http import console
 from .waiting import client, clock, store_url
 
 __all__ = ["client", "clock", "pg_url", "postgres_server", "store_url"]
@@ -222,6 +224,25 @@ async def test_a_long_retry_delay_releases_the_run_and_keeps_the_try_count(
     assert [e.try_number for e in journal if e.kind is EntryKind.STEP_STARTED] == [1, 1, 2]
     [retrying] = [e for e in journal if e.kind is EntryKind.STEP_RETRYING]
     assert retrying.data["retry_at"] == pytest.approx(clock.now())
+
+
+async def test_a_run_waiting_to_retry_is_said_to_wait_for_its_retry(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock,
+        tmp_path: Path) -> None:
+    """A run released for a step's retry delay: the console says it waits to retry that
+    step, and its cancel says it was cancelled while it waited to retry it. Before, the
+    cancel said "while it slept" (it looked for the reason "retry", the release journals
+    "retry of step N") and the console "Waiting to retry of step 2 until ..."."""
+    declare(registry, tmp_path / "log")
+    async with running_worker(client, registry):
+        await client.start("t.retry", id="retry")
+        waiting = await released(client, "retry")
+        async with console(client) as http:
+            page = html.unescape((await http.get("/runs/retry")).text)
+        assert f"Waiting to retry step 2 until {utc(waiting.run_at)};" in page, page
+        cancelled = await client.cancel("retry")
+    said = cancel_phrase(cancelled, await client.store.journal("retry"))
+    assert said == "cancelled while it waited to retry step 2 (attempt 1 had run: step 1 done)"
 
 
 async def test_bad_sleeps_fail_the_run_with_a_clear_error(

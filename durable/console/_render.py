@@ -34,6 +34,7 @@ from .._report import (
     event_phrase,
     list_note,
     paused_phrase,
+    retry_phrase,
     row_text,
     run_path,
     timeline_rows,
@@ -305,7 +306,7 @@ def header(d: RunDetail) -> str:
     waiting = waiting_phrase(run, d.entries)  # released to wait (durable waiting)
     if waiting:
         said = ("Sleeping" + waiting.removeprefix("sleeping") if waiting.startswith("sleeping")
-                else "Waiting to retry" + waiting.removeprefix("retry")
+                else "Waiting to " + retry_phrase(waiting)
                 if waiting.startswith("retry") else "Waiting " + waiting)
         delayed = (f'<p class="delayed-start">{text(said)}; it holds no lease and can be '
                    "cancelled meanwhile.</p>")
