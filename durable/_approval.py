@@ -128,8 +128,8 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
     if name not in (APPROVE, REJECT):
         raise ConfigError(f"a decision is {APPROVE!r} or {REJECT!r}, not {name!r}")
     run = await client.get(run_id)
-    gate = approval_view(run, await client.journal(run_id),
-                         await client.store.list_signals(run_id))
+    entries = await client.journal(run_id)
+    gate = approval_view(run, entries, await client.store.list_signals(run_id))
     if gate is None:
         raise InvalidStateError(f"{run_id} has no plan to {name}: it journaled none (yet)")
     if gate.decision != "waiting":
@@ -137,6 +137,14 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
     if run.state.finished:
         raise InvalidStateError(f"{run_id} is {run.state.value}: it no longer waits for a "
                                 "decision")
+    ran_out = _ran_out(entries, await client.store.now())
+    if name == APPROVE and ran_out is not None:
+        from ._report import utc
+
+        raise InvalidStateError(
+            f"{run_id}: its wait for a decision ran out at {utc(ran_out)}; an approval "
+            "would not reach it (the run gives up on its plan without acting when a worker "
+            "takes it); nothing was sent")
     if payload is not None and not isinstance(payload, Mapping):
         raise ConfigError("a decision's payload is a JSON object ({\"note\": ...})")
     named = {**(payload or {}), "plan": plan_digest(gate.plan)}  # approves exactly this plan
@@ -154,6 +162,20 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
     if name == REJECT:
         await client.cancel(run_id, origin=origin)
     return sent
+
+
+def _ran_out(entries: Sequence[JournalEntry], now: float) -> float | None:
+    """The deadline of the run's open wait for ``approve`` if it has passed (``now`` on the
+    store's clock), else None: a signal recorded after it is not received
+    (docs/design.md, "Durable waiting")."""
+    for e in reversed(entries):
+        if e.kind in (EntryKind.SIGNAL_RECEIVED, EntryKind.SIGNAL_TIMEOUT) \
+                and e.data.get("name") == APPROVE:
+            return None  # the latest wait for a decision ended
+        if e.kind is EntryKind.WAIT_STARTED and e.data.get("name") == APPROVE:
+            until = e.data.get("until")
+            return float(until) if isinstance(until, int | float) and until < now else None
+    return None
 
 
 # -- reading a run's plan and decision from its journal ------------------------------------------

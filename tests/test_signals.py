@@ -247,6 +247,44 @@ async def test_a_signal_recorded_at_the_deadline_is_received_by_a_late_attempt(
     assert journal.count("signal_received") == 1 and "signal_timeout" not in journal
 
 
+async def test_an_approval_after_the_gate_ran_out_is_refused_and_nothing_is_sent(
+        client: durable.Client, registry: durable.Registry, clock: FakeClock) -> None:
+    """An approval gate with a timeout, its deadline passed while no worker ran: the
+    approval would not be received (it came late), so approve refuses, naming the deadline,
+    and sends nothing, rather than saying the plan was approved; the run then gives up on
+    its plan without acting. A reject still cancels it at once."""
+    from durable._approval import send_decision
+
+    acted: list[str] = []
+
+    @durable.activity("s.plan", registry=registry)
+    async def plan(ctx: durable.ActivityContext) -> dict[str, str]:
+        return {"title": "delete db-1"}
+
+    @durable.workflow("s.gated", registry=registry)
+    async def gated(ctx: durable.WorkflowContext) -> str:
+        await durable.approval_gate(ctx, plan, timeout=60)
+        acted.append("deleted")
+        return "deleted"
+
+    async with running_worker(client, registry):
+        for run_id in ("late", "rejected"):
+            await client.start("s.gated", id=run_id)
+            await waiting(client, run_id, "approve")
+    clock.advance(61)
+    with pytest.raises(durable.InvalidStateError,
+                       match=r"late: its wait for a decision ran out at 2023-11-14 22:14:20"
+                             r"\.000 UTC; an approval would not reach it .*nothing was sent"):
+        await send_decision(client, "late", "approve", {"note": "ok"})
+    assert await client.store.list_signals("late") == []
+    assert await send_decision(client, "rejected", "reject", {"reason": "no"})
+    assert (await client.get("rejected")).state is RunState.CANCELLED
+    async with running_worker(client, registry):
+        done = await client.wait("late", timeout=15)
+    assert done.state is RunState.FAILED and acted == []
+    assert done.error is not None and "no decision on the plan within 60 s" in done.error
+
+
 async def _sleeping(client: durable.Client, run_id: str) -> bool:
     run = await client.store.get_run(run_id)
     return (run is not None and run.state is RunState.QUEUED and run.waiting_for is None
