@@ -129,7 +129,8 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
         raise ConfigError(f"a decision is {APPROVE!r} or {REJECT!r}, not {name!r}")
     run = await client.get(run_id)
     entries = await client.journal(run_id)
-    gate = approval_view(run, entries, await client.store.list_signals(run_id))
+    gate = approval_view(run, entries, await client.store.list_signals(run_id),
+                         await client.store.now())
     if gate is None:
         raise InvalidStateError(f"{run_id} has no plan to {name}: it journaled none (yet)")
     if gate.decision != "waiting":
@@ -137,12 +138,11 @@ async def send_decision(client: Client, run_id: str, name: str, payload: JSON = 
     if run.state.finished:
         raise InvalidStateError(f"{run_id} is {run.state.value}: it no longer waits for a "
                                 "decision")
-    ran_out = _ran_out(entries, await client.store.now())
-    if name == APPROVE and ran_out is not None:
+    if name == APPROVE and gate.ran_out is not None:
         from ._report import utc
 
         raise InvalidStateError(
-            f"{run_id}: its wait for a decision ran out at {utc(ran_out)}; an approval "
+            f"{run_id}: its wait for a decision ran out at {utc(gate.ran_out)}; an approval "
             "would not reach it (the run gives up on its plan without acting when a worker "
             "takes it); nothing was sent")
     if payload is not None and not isinstance(payload, Mapping):
@@ -198,6 +198,9 @@ class ApprovalView:
     the console's approve refuse to)."""
     plan_seq: int = 0
     """The journal seq of the plan's entry: a replay that plans again journals a new one."""
+    ran_out: float | None = None
+    """When the run's wait for a decision ran out, if it has with no decision while the run
+    is unfinished (read with a ``now``): an approval sent now would not be received."""
 
     @property
     def items(self) -> list[dict[str, Any]] | None:
@@ -231,7 +234,8 @@ class ApprovalView:
 
 
 def approval_view(run: Run, entries: Sequence[JournalEntry],
-                  signals: Sequence[Signal] = ()) -> ApprovalView | None:
+                  signals: Sequence[Signal] = (), now: float | None = None
+                  ) -> ApprovalView | None:
     """The run's plan and its decision, or None for a run without a plan.
 
     The plan is the latest result of the step keyed ``plan`` (a replay from that step plans
@@ -239,7 +243,8 @@ def approval_view(run: Run, entries: Sequence[JournalEntry],
     (``signal_sent``, with its origin), else one sent before any plan existed (``early``:
     only a raw ``signal`` can send that; the run's ``wait_for`` takes it all the same). Its
     payload is the one a ``wait_for`` received, else the stored signal's (``signals``, from
-    :meth:`Store.list_signals`), if given."""
+    :meth:`Store.list_signals`), if given. With ``now`` (the store's clock), a gate still
+    waiting says whether its wait ran out (``ran_out``)."""
     plans = [e for e in entries
              if e.step_key == PLAN_KEY and e.kind is EntryKind.STEP_COMPLETED]
     if not plans:
@@ -268,7 +273,10 @@ def approval_view(run: Run, entries: Sequence[JournalEntry],
     step = latest.step or 0
     decision = after or before
     if decision is None:
-        return ApprovalView(plan, step, "waiting", digest=digest, plan_seq=latest.seq)
+        ran_out = (_ran_out(entries, now) if now is not None and not run.state.finished
+                   else None)
+        return ApprovalView(plan, step, "waiting", digest=digest, plan_seq=latest.seq,
+                            ran_out=ran_out)
     seq = decision.data.get("seq")
     payload = received.get(seq, stored.get(seq)) if isinstance(seq, int) else None
     origin = decision.data.get("origin")

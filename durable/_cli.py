@@ -240,6 +240,7 @@ async def _cmd_show(args: argparse.Namespace) -> int:
         signals = await client.store.list_signals(args.id)
         paused = None if run.state.finished else await client.pause_of(run.workflow)
         gone = (await client.gone_holders([run])).get(run.id)
+        now = await client.store.now()
     if args.step is not None:
         check_step(run.id, entries, args.step, "--step")
     if args.json:
@@ -249,7 +250,7 @@ async def _cmd_show(args: argparse.Namespace) -> int:
     print(render_timeline(run, entries, step=args.step, console_url=args.console_url,
                           width=terminal_width(sys.stdout),
                           color=use_color(sys.stdout, args.color), signals=signals,
-                          paused=paused, gone=gone))
+                          paused=paused, gone=gone, now=now))
     return 0
 
 

@@ -604,7 +604,7 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
                     step: int | None = None, console_url: str | None = None,
                     width: int = DEFAULT_WIDTH, color: bool = False,
                     signals: Sequence[Signal] = (), paused: PausedWorkflow | None = None,
-                    gone: GoneHolder | None = None) -> str:
+                    gone: GoneHolder | None = None, now: float | None = None) -> str:
     """The human-readable ``show`` output: the run, its journal as a timeline, what to do.
 
     ``step=N`` shows that step's tries in full instead (arguments, result, the whole error),
@@ -624,7 +624,7 @@ def render_timeline(run: Run, entries: Sequence[JournalEntry], *,
     if paused is not None and not run.state.finished:
         view.field("paused", (f"its workflow is {paused_phrase(paused)}; no attempt starts "
                               f"until: {durable_command('resume', run.workflow)}", "error"))
-    gate = approval_view(run, entries, signals)
+    gate = approval_view(run, entries, signals, now)
     if gate is not None and step is None:
         view.approval(run, gate)
     if step is not None:
@@ -706,6 +706,12 @@ class _View:
         if gate.decision == "waiting":
             if run.state.finished:
                 self.field("approval", ("none: the run ended before a decision", None))
+            elif gate.ran_out is not None:
+                self.field("approval", ("ran out", "failed"),
+                           (f" at {utc(gate.ran_out)}: an approval would not reach it; the run "
+                            "gives up on its plan without acting when a worker takes it  |  "
+                            f"{durable_command('reject', run.id, '--reason', 'TEXT', python=True)}",
+                            None))
             else:
                 self.field("approval", ("waiting", "queued"),
                            (f"    {durable_command('approve', run.id, python=True)}  |  "

@@ -5,6 +5,7 @@ timeouts raise ``durable.SignalTimeout``; a signal id makes a send idempotent
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from . import waitflows
 from .conftest import ROOT, subprocess_env
 from .helpers import kinds, poll, python_process, running_worker
 from .pg import pg_url, postgres_server
+from .test_console_http import console
 from .waiting import client, clock, store_url
 
 __all__ = ["client", "clock", "pg_url", "postgres_server", "store_url"]
@@ -277,6 +279,16 @@ async def test_an_approval_after_the_gate_ran_out_is_refused_and_nothing_is_sent
                              r"\.000 UTC; an approval would not reach it .*nothing was sent"):
         await send_decision(client, "late", "approve", {"note": "ok"})
     assert await client.store.list_signals("late") == []
+    # show and the console say so, and show offers no approve (the reject is left)
+    late = await client.get("late")
+    shown = render_timeline(late, await client.store.journal("late"), width=300,
+                            now=clock.now())
+    assert ("approval  ran out at 2023-11-14 22:14:20.000 UTC: an approval would not reach "
+            "it;") in shown, shown
+    assert "durable approve" not in shown and "durable reject late" in shown
+    async with console(client) as http:
+        page = html.unescape((await http.get("/runs/late")).text)
+    assert "The wait for a decision ran out" in page and "Waiting for approval" not in page
     assert await send_decision(client, "rejected", "reject", {"reason": "no"})
     assert (await client.get("rejected")).state is RunState.CANCELLED
     async with running_worker(client, registry):

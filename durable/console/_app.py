@@ -129,10 +129,11 @@ class Console:
         records = [(ns, key, await store.get_record(ns, key), epoch)
                    for (ns, key), epoch in written.items()]
         pause = None if run.state.finished else await self.client.pause_of(run.workflow)
+        now = await store.now()
         return render.RunDetail(run, entries,
                                 RecoveryReport.build(run, entries, self.console_url),
-                                progress(run, entries), records, await store.now(),
-                                approval_view(run, entries, signals), signals, pause,
+                                progress(run, entries), records, now,
+                                approval_view(run, entries, signals, now), signals, pause,
                                 (await self.client.gone_holders([run])).get(run.id))
 
     async def runs(self, query: render.ListQuery, before: str | None

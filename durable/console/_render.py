@@ -374,7 +374,11 @@ def approval_block(d: RunDetail) -> str:
             "</tr>" for i in items)
         listing = ('<table class="plan"><tr><th>action</th><th>kind</th><th>id</th>'
                    f"<th>as read from the service</th></tr>{rows}</table>")
-    if gate.decision == "waiting":
+    if gate.decision == "waiting" and gate.ran_out is not None:
+        status = (f'<p class="decision none">The wait for a decision ran out '
+                  f"{when(gate.ran_out)}: an approval would not reach it; the run gives up on "
+                  "its plan without acting when a worker takes it.</p>")
+    elif gate.decision == "waiting":
         status = ('<p class="decision waiting">Waiting for approval: nothing is done until an '
                   "operator approves (the forms below). The plan is read again right before "
                   "acting; if anything changed, the run stops and deletes nothing.</p>"
