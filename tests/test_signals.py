@@ -141,7 +141,7 @@ async def test_one_signal_id_twice_is_one_signal(
         assert await client.signal("twice", "go", "first", id="click-1") is True
         assert await client.signal("twice", "go", "first", id="click-1") is False
         run = await waiting(client, "twice", "go", attempt=2)  # the second wait: nothing
-        assert run.run_at == pytest.approx(clock.now() + 30)
+        assert run.run_at == pytest.approx(clock.now() + 30, abs=0.01)
         clock.advance(30)
         done = await client.wait("twice", timeout=15)
     assert done.result == ["first", "timeout: go after 30 s"] and ran == ["after"]
@@ -198,7 +198,7 @@ async def test_a_timeout_is_journaled_and_raised_again_on_re_execution(
     async with running_worker(client, registry):
         await client.start("s.timeout", 60.0, id="t")
         run = await waiting(client, "t", "never")
-        assert run.run_at == pytest.approx(clock.now() + 60)
+        assert run.run_at == pytest.approx(clock.now() + 60, abs=0.01)
         clock.advance(60)
         await poll(lambda: _sleeping(client, "t"), timeout=15)
         await client.signal("t", "never", "too late")  # after the timeout fired: not received
@@ -569,7 +569,7 @@ async def test_a_timed_out_wait_is_kept_by_a_replay_and_waited_again_from_its_st
         assert again.state is RunState.FAILED and "SignalTimeout" in (again.error or "")
         await client.replay("strict", from_step=2)  # the wait's step: it waits afresh
         run = await waiting(client, "strict", "approve", attempt=4)
-        assert run.run_at == pytest.approx(clock.now() + 10)
+        assert run.run_at == pytest.approx(clock.now() + 10, abs=0.01)
         await client.signal("strict", "approve", "late but fine")
         done = await client.wait("strict", timeout=15)
     assert done.state is RunState.COMPLETED and done.result == "late but fine"
