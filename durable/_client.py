@@ -542,6 +542,7 @@ class Client:
         """
         if not isinstance(name, str) or not name.strip():
             raise ConfigError("a signal name must be a non-empty string")
+        check_printable(name, "a signal name")
         if id is not None and (not isinstance(id, str) or not id.strip()):
             raise ConfigError("a signal id must be a non-empty string")
         dumps(payload, "a signal's payload")
@@ -676,7 +677,7 @@ class Client:
         paused it, as for :meth:`cancel`. Its ``known`` says whether a run in the database
         or this client's registry knows the workflow: a name nobody knows (a typo) is
         paused all the same, as a new workflow may be paused before its first start."""
-        name = _workflow_name(workflow)
+        name = check_printable(_workflow_name(workflow), "a workflow name")
         by = _origin(origin)
 
         async def pause() -> PausedWorkflow:

@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from ._types import UNSTORABLE
+
 _AUTH_SCHEMES = ("bearer|basic|token|digest|negotiate|ntlm|bot|apikey|hoba|mutual"
                  "|aws4-hmac-sha256")
 _SECRET_PATTERNS = [
@@ -81,15 +83,11 @@ def redact(text: str) -> str:
     return text
 
 
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
 def storable(text: str) -> str:
-    """``text`` with the characters no store can hold replaced by U+FFFD: a NUL (PostgreSQL's
-    text refuses it) and a lone surrogate (not UTF-8: Python's way of carrying bytes that are
-    not, from a file name or a process's output decoded with ``surrogateescape``). An error
-    quoting a service's binary answer would otherwise fail the write that ends its run."""
-    return _UNSTORABLE.sub("\ufffd", text)
+    """``text`` with the characters no store can hold (:data:`durable._types.UNSTORABLE`: a
+    NUL, a lone surrogate) replaced by U+FFFD. An error quoting a service's binary answer
+    would otherwise fail the write that ends its run."""
+    return UNSTORABLE.sub("\ufffd", text)
 
 
 def redact_json(value: Any) -> Any:

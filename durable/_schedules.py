@@ -28,7 +28,7 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from ._errors import ConfigError
 from ._logging import get_logger
-from ._types import JSON, NewRun, check_key, dumps, loads
+from ._types import JSON, NewRun, check_key, check_printable, dumps, loads
 
 if TYPE_CHECKING:
     from ._registry import Registry, Workflow
@@ -63,7 +63,7 @@ def check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"a schedule name must be a non-empty string without spaces or '@', "
                           f"not {name!r}")
-    return name
+    return check_printable(name, "a schedule name")
 
 
 def check_cron(cron: object) -> str:

@@ -152,7 +152,14 @@ def check_key(key: Any) -> str | None:
 NAME_MAX = 1000
 """The longest run id or concurrency key, in characters (as Temporal's workflow ids)."""
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""The characters no store can hold: a NUL (PostgreSQL's text and jsonb refuse it) and a
+lone surrogate (not UTF-8: Python's way of carrying bytes that are not, from a file name or
+a process's output decoded with ``surrogateescape``). SQLite took both: written, such text
+is refused alike on every store (:func:`check_printable`, :func:`dumps`); only looked up,
+it matches nothing (the PostgreSQL store does not send the lookup)."""
 
 
 def check_printable(text: str, what: str) -> str:
@@ -228,7 +235,29 @@ def dumps(value: JSON, what: str = "value", *, around: int = 0) -> str:
         raise _too_deep_error(what) from None
     if _too_deep(value, text, MAX_JSON_DEPTH + around):
         raise _too_deep_error(what)
+    if ("\\u0000" in text or "\\ud" in text) and (found := _unstorable(value)) is not None:
+        # (escaped by the encoder; "\\ud" is also a character beyond the BMP, a pair)
+        raise NotJsonError(f"{what} must not hold {found!r} (a NUL or a lone surrogate: "
+                           "no store can hold it)")
     return text
+
+
+def _unstorable(value: Any) -> str | None:
+    """The first character of :data:`UNSTORABLE` in a string of ``value`` (keys too)."""
+    level: list[Any] = [value]
+    while level:
+        inner: list[Any] = []
+        for item in level:
+            if isinstance(item, str):
+                if (found := UNSTORABLE.search(item)) is not None:
+                    return found.group()
+            elif isinstance(item, dict):
+                inner.extend(item)
+                inner.extend(item.values())
+            elif isinstance(item, list | tuple):
+                inner.extend(item)
+        level = inner
+    return None
 
 
 def _too_deep_error(what: str) -> NotJsonError:

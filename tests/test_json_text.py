@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from durable._errors import NotJsonError
-from durable._types import dumps
+from durable._types import UNSTORABLE, dumps
 
 SCALARS = (st.none() | st.booleans() | st.integers()
            | st.floats(allow_nan=False, allow_infinity=False) | st.text())
@@ -29,7 +29,31 @@ def standard(value: Any) -> str:
 @settings(max_examples=300, deadline=None)
 @given(VALUES)
 def test_the_same_text_as_the_standard_encoder(value: Any) -> None:
-    assert dumps(value) == standard(value)
+    """(Or refused, when a string in it holds a NUL or a lone surrogate: no store can.)"""
+    text = standard(value)
+    if any(UNSTORABLE.search(string) for string in strings(value)):
+        with pytest.raises(NotJsonError, match="no store can hold it"):
+            dumps(value)
+    else:
+        assert dumps(value) == text
+
+
+def strings(value: Any) -> list[str]:
+    """Every string in ``value``, keys too."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [*value, *(s for v in value.values() for s in strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
+def test_a_nul_or_a_lone_surrogate_is_refused_but_a_pair_is_not() -> None:
+    for value in ["a\x00", {"k\x00": 1}, ["\ud800"], {"a": ["\udcff"]}]:
+        with pytest.raises(NotJsonError, match="the payload must not hold"):
+            dumps(value, "the payload")
+    assert dumps(["\U0001f600", "\\u0000"]) == standard(["\U0001f600", "\\u0000"])
 
 
 @pytest.mark.parametrize("value", [

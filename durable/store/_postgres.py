@@ -68,6 +68,7 @@ from .._retention import PrunedRun
 from .._schedules import Schedule, ScheduleSpec, schedule_params
 from .._types import (
     JSON,
+    UNSTORABLE,
     ClaimOutcome,
     Fence,
     Finish,
@@ -648,7 +649,14 @@ class PostgresStore(Store):
         raises as a write's does, and so does a read that was never sent (NotSentError: no
         pooled connection within the pool's timeout, a PoolTimeout, which psycopg makes an
         OperationalError without a SQLSTATE, like a connection lost without a word: it was
-        sent again, and waited out the timeout twice)."""
+        sent again, and waited out the timeout twice).
+
+        A lookup by text PostgreSQL cannot hold (a NUL, a lone surrogate: the driver refuses
+        it, a StoreError the console showed as an outage) is not sent: no such text is
+        stored (every write refuses it, _types.UNSTORABLE), so it matches nothing, as it
+        does on SQLite."""
+        if _unstorable(params):
+            return []
         try:
             return await self._rows(query, params)
         except StoreUnavailableError as exc:
@@ -1940,6 +1948,15 @@ def _carried(news: Sequence[_Work]) -> tuple[Run, ...] | None:
         except (ValueError, TypeError, KeyError):
             return None
     return tuple(runs)
+
+
+def _unstorable(params: Mapping[str, Any]) -> bool:
+    """Whether a statement's text parameter (or one in a list of them) holds a character
+    PostgreSQL's text cannot."""
+    return any(UNSTORABLE.search(text) is not None for value in params.values()
+               for text in ([value] if isinstance(value, str) else
+                            value if isinstance(value, list | tuple) else ())
+               if isinstance(text, str))
 
 
 async def _read_notifies(conn: psycopg.AsyncConnection[Any], timeout: float | None,
