@@ -23,7 +23,7 @@ from . import _processes
 from ._errors import ConfigError, LeaseLostError
 from ._logging import redact, redact_json
 from ._registry import Activity, BoundActivity, positional
-from ._types import JSON, MAX_SECONDS, NEVER, Run, dumps
+from ._types import JSON, MAX_SECONDS, NEVER, Run, check_printable, dumps
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
@@ -210,6 +210,7 @@ class WorkflowContext:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"ctx.wait_for: the signal name must be a non-empty string, "
                               f"not {name!r}")
+        check_printable(name, "ctx.wait_for: the signal name")  # as Client.signal's
         limit = None if timeout is None else _seconds(timeout, "ctx.wait_for timeout")
         return await self._attempt.steps.wait_for(name, limit)
 

@@ -47,6 +47,7 @@ from ._logging import redact, storable
 from ._registry import NOT_DONE
 from ._types import (
     JSON,
+    UNSTORABLE,
     EntryKind,
     JournalWrite,
     Signal,
@@ -240,6 +241,10 @@ def _check_record_name(name: object, what: str) -> None:
             and all(isinstance(part, str) for part in name)):
         raise ConfigError(f"{what}: a record is named by two strings (namespace, key), not "
                           f"{name!r}")
+    for part in name:
+        if (found := UNSTORABLE.search(part)) is not None:  # journaled with the entry
+            raise ConfigError(f"{what}: a record's name must not hold {found.group()!r} (a NUL "
+                              f"or a lone surrogate: no store can hold it): {part[:60]!r}")
 
 
 def as_journaled(encoded: str) -> JSON:

@@ -14,6 +14,7 @@ import pytest
 
 import durable
 
+from .helpers import running_worker
 from .pg import both, pg_url, postgres_server  # noqa: F401  (fixtures)
 from .test_cli import assert_one_line_error, cli
 from .test_console_http import console
@@ -92,3 +93,37 @@ async def test_the_cli_refuses_a_nul_payload_in_one_line(
     assert result.returncode == 2, result.stderr
     assert_one_line_error(result, "payload")
     assert await both.store.list_signals("r1") == []
+
+
+@pytest.fixture
+def attempt_flows(registry: durable.Registry) -> durable.Registry:
+    @durable.workflow("t.records", registry=registry)
+    async def records(ctx: durable.WorkflowContext, how: str) -> object:
+        try:
+            if how == "set":
+                await ctx.set_records({("ns", "k\x00"): 1})
+            elif how == "get":
+                await ctx.get_record("n\x00s", "k")
+            else:
+                await ctx.wait_for("g\x00o", timeout=1)
+        except durable.ConfigError as exc:
+            return str(exc)
+        return "taken"
+    return registry
+
+
+@pytest.mark.parametrize("how", ["set", "get", "wait"])
+async def test_an_attempt_refuses_unstorable_text_at_the_call(
+        attempt_flows: durable.Registry, both: durable.Client, how: str) -> None:  # noqa: F811
+    """A record's name, a signal waited for: refused where the workflow calls, as a run id
+    is, not sent to a store that refuses it (a StoreError mid-attempt: an unknown outcome
+    that lost the attempt's lease)."""
+    await both.start("t.records", how, id="r")
+    async with running_worker(both, attempt_flows):
+        run = await both.wait("r", timeout=30)
+    assert run.state is durable.RunState.COMPLETED, run
+    said = {"set": "ctx.set_records: a record's name", "get": "ctx.get_record: a record's name",
+            "wait": "ctx.wait_for: the signal name"}[how]
+    assert str(run.result).startswith(f"{said} must not hold "), run.result
+    assert "'\\x00'" in str(run.result)
+    assert run.attempt == 1
