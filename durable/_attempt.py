@@ -329,7 +329,7 @@ class Attempt:
         deferred entries are never dropped half-way.
         """
         if not self.lease.holds():
-            self.lose("lease expired locally")
+            self.lose(self.lease.expired())
             raise self.refusal()
         batch = self._take_deferred(entries)
         if self.claim is not None:  # the first write carries the claim
@@ -393,7 +393,7 @@ class Attempt:
                           entry: JournalWrite,
                           expected: Mapping[tuple[str, str], int] | None = None) -> None:
         if not self.lease.holds():
-            self.lose("lease expired locally")
+            self.lose(self.lease.expired())
             raise self.refusal()
         await self.ensure_claimed()
         batch = self._take_deferred([entry])
@@ -507,7 +507,7 @@ class Attempt:
             outcome = ("failed", exc)  # SystemExit, an application's own: the run's end
         doom = self.steps.doom
         if not self.lost and not self.lease.holds():
-            self.lease.lose("lease expired locally (renewals failed)")
+            self.lease.lose(self.lease.expired())
         if self.lost:
             outcome = ("abandoned", self.lease.lost)
             self._tell_lost()  # a refusal, a service's "superseded", a local expiry
@@ -520,7 +520,7 @@ class Attempt:
             # in how a task group wraps the cancellation), the stop is the outcome
             outcome = ("stopped", self.stopping)
         elif outcome is None:  # pragma: no cover - the lease check above catches it
-            self.lease.lose("lease expired locally (renewals failed)")
+            self.lease.lose(self.lease.expired())
             outcome = ("abandoned", self.lease.lost)
         ended = "superseded"
         with anyio.move_on_after(CLEANUP_TIMEOUT, shield=True) as cleanup:

@@ -47,10 +47,14 @@ class Lease:
         self._bounded: set[anyio.CancelScope] = set()
         self._watchers: list[Callable[[float], None]] | None = None
         """Told each renewal's :attr:`boot_deadline` (:meth:`watch`)."""
+        self.failed_renewals = 0
+        """Renewals that failed (a store error) since the last that held: what
+        :meth:`expired` says of why the deadline passed."""
 
     def renewed(self, sent_at: float, sent_boot: float | None = None) -> None:
         """A renewal sent at ``sent_at`` (anyio time; ``sent_boot`` on boottime) succeeded:
         move the deadline on."""
+        self.failed_renewals = 0
         if self.lost is None:
             self.deadline = max(self.deadline, sent_at + self.length * (1 - LEASE_SAFETY))
             self.boot_deadline = max(self.boot_deadline, _boot_time(sent_at, sent_boot)
@@ -74,6 +78,20 @@ class Lease:
         """Whether requests and writes may still go out (stopping does not change this)."""
         return (self.lost is None and anyio.current_time() < self.deadline
                 and _clock.boottime() < self.boot_deadline)
+
+    def renewal_failed(self) -> None:
+        """A renewal was sent and failed (the store refused or did not answer)."""
+        self.failed_renewals += 1
+
+    def expired(self) -> str:
+        """Why the local deadline passed, as far as the worker knows: renewals that failed,
+        or none that failed (the process was frozen, SIGSTOP or a suspended VM, or too
+        busy to renew, or a renewal hung: the deadline passed with none answered)."""
+        if self.failed_renewals:
+            return (f"lease expired locally (renewals failed: {self.failed_renewals} since "
+                    "the last that held)")
+        return ("lease expired locally: no renewal succeeded in time and none failed (the "
+                "process was paused or starved, or a renewal went unanswered)")
 
     def lose(self, reason: str) -> None:
         """The lease is gone: cancel every shielded piece of work running under it."""

@@ -721,6 +721,8 @@ class Worker:
                     lambda: self.store.renew(self.worker_id, fences, self.lease, details)))
         except StoreError as exc:
             self._failed("renew_failed", exc, runs=len(attempts))
+            for attempt in attempts:
+                attempt.lease.renewal_failed()
             return
         self._succeeded("renew_failed")
         held = {r.run_id: r for r in renewals}
