@@ -49,7 +49,7 @@ from ._report import (
 from ._retention import PrunedRun, parse_duration, parse_states, prune
 from ._schedules import SKIP_GRACE, ScheduleSpec, catchup_text, iso
 from ._shapes import pause_json, run_json, show_json
-from ._types import Run, RunState, check_key, check_printable, check_seconds
+from ._types import UNSTORABLE, Run, RunState, check_key, check_printable, check_seconds
 from ._version import __version__
 from ._worker import Worker
 from .store import Store, store_from_url
@@ -786,8 +786,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
     def parse_command_line(self, argv: Sequence[str] | None) -> argparse.Namespace:
-        """``parse_args``, but an unknown option is reported by the command it was given to."""
-        args, extra = self.parse_known_args(argv)
+        """``parse_args``, but an unknown option is reported by the command it was given to,
+        and a word that is not valid UTF-8 (Python hands such bytes over as lone surrogates,
+        which no store can hold or look up) is refused before anything is read or written."""
+        words = list(sys.argv[1:] if argv is None else argv)
+        for word in words:
+            if UNSTORABLE.search(word) is not None:
+                self.error(f"argument {word!a} is not valid UTF-8: no run id, key or name "
+                           "can hold it")
+        args, extra = self.parse_known_args(words)
         if extra:
             target: argparse.ArgumentParser = getattr(args, "command_parser", self)
             target.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -95,6 +95,24 @@ async def test_the_cli_refuses_a_nul_payload_in_one_line(
     assert await both.store.list_signals("r1") == []
 
 
+
+async def test_the_cli_refuses_an_argument_that_is_not_utf8_in_one_line(
+        flows: durable.Registry, both: durable.Client) -> None:  # noqa: F811
+    """A word of the command line that is not valid UTF-8 (``durable show $'r\\xff'``)
+    reaches Python as a lone surrogate, which SQLite's driver cannot encode: a lookup by it
+    was a traceback. Refused before the store is opened, on either store."""
+    await both.start("t.waits", id="r1")
+    url = both.store.url
+    for args in (("show", "r\udcff"), ("list", "--workflow", "t.w\udcfe"),
+                 ("signal", "r1", "g\udcffo", "1"), ("cancel", "r\udcff")):
+        result = await anyio.to_thread.run_sync(lambda args=args: cli(*args, db=url))
+        assert result.returncode == 2, (args, result.stderr)
+        assert_one_line_error(result, "is not valid UTF-8")
+    assert await both.store.list_signals("r1") == []
+    run = await both.get("r1")
+    assert run is not None and run.state is durable.RunState.QUEUED
+
+
 @pytest.fixture
 def attempt_flows(registry: durable.Registry) -> durable.Registry:
     @durable.workflow("t.records", registry=registry)
