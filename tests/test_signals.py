@@ -487,10 +487,12 @@ async def test_pruning_a_finished_run_deletes_its_signals(
     from durable._retention import prune
 
     declare(registry)
+    # both signals before a worker runs: sent while one ran, the second could find the run
+    # completed by the first (refused, as a signal to a finished run is)
+    await client.start("s.one", id="gate")
+    await client.signal("gate", "approve", "yes")
+    await client.signal("gate", "approve", "unused")  # never waited for
     async with running_worker(client, registry):
-        await client.start("s.one", id="gate")
-        await client.signal("gate", "approve", "yes")
-        await client.signal("gate", "approve", "unused")  # never waited for
         assert (await client.wait("gate", timeout=15)).state is RunState.COMPLETED
     assert len(await client.store.list_signals("gate")) == 2
     clock.advance(3600)
